@@ -1,0 +1,21 @@
+"""posswap: swap the learned position table of pretrained BERT-family and GPT-2 checkpoints for one that
+reaches further (an extended table, RoPE or ALiBi), then train, evaluate and share the result."""
+
+from . import methods  # noqa: F401  (registers every method)
+from .architectures import ARCHITECTURES
+from .config import PositionConfig, config_from_dict
+from .loading import from_pretrained
+from .methods.interpolate import InterpolateConfig
+from .patching import patch, patched_config
+from .version import __version__
+
+__all__ = [
+    "ARCHITECTURES",
+    "InterpolateConfig",
+    "PositionConfig",
+    "__version__",
+    "config_from_dict",
+    "from_pretrained",
+    "patch",
+    "patched_config",
+]

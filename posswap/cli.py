@@ -1,0 +1,95 @@
+"""``posswap patch|demo``: the command line. Method options come from the method config dataclasses, so a
+new method gets its flags by being registered."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from typing import Any
+
+import yaml
+
+from .registry import METHODS
+
+
+def _method_options(parser: argparse.ArgumentParser) -> None:
+    seen: set[str] = set()
+    for spec in METHODS.values():
+        group = parser.add_argument_group(f"--method {spec.name}")
+        for f in dataclasses.fields(spec.config_class):
+            if f.name in seen:
+                continue
+            seen.add(f.name)
+            group.add_argument(
+                "--" + f.name.replace("_", "-"),
+                dest=f.name,
+                type=_scalar,
+                default=None,
+                help=f.metadata.get("help"),
+            )
+
+
+def _scalar(text: str) -> Any:
+    """``4096`` -> 4096, ``0.5`` -> 0.5, ``yarn`` -> "yarn", ``null`` -> None: the config validates the type."""
+    return yaml.safe_load(text)
+
+
+def _chosen_options(args: argparse.Namespace) -> dict[str, Any]:
+    names = {f.name for spec in METHODS.values() for f in dataclasses.fields(spec.config_class)}
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
+def _cmd_patch(args: argparse.Namespace) -> None:
+    from .config import config_from_dict
+    from .loading import load_model_and_tokenizer, save_model_and_tokenizer
+    from .patching import patch
+
+    config = config_from_dict({"method": args.method, **_chosen_options(args)})  # fails before any download
+    model, tokenizer = load_model_and_tokenizer(args.model)
+    before = model.config.max_position_embeddings
+    patch(model, config, tokenizer=tokenizer)
+    save_model_and_tokenizer(model, tokenizer, args.out)
+    print(
+        f"Patched {args.model} ({type(model).__name__}) with {config.method}: "
+        f"max_position_embeddings {before} -> {model.config.max_position_embeddings}. Saved to {args.out}"
+    )
+
+
+def _cmd_demo(args: argparse.Namespace) -> None:
+    from .demo import run_demo
+
+    run_demo(max_length=args.max_length)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import methods  # noqa: F401  (fills METHODS)
+
+    parser = argparse.ArgumentParser(prog="posswap", description="Swap the position handling of pretrained transformers.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    p = commands.add_parser("patch", help="Patch a checkpoint and save it (with its tokenizer) to a folder.")
+    p.add_argument("model", help="Hub id or local folder of a BERT-family or GPT-2 checkpoint.")
+    p.add_argument("--method", required=True, choices=sorted(METHODS), help="Position method to apply.")
+    p.add_argument("--out", required=True, help="Folder to write the patched model and tokenizer to.")
+    _method_options(p)
+    p.set_defaults(run=_cmd_patch)
+
+    d = commands.add_parser("demo", help="Patch the embedded real MiniLM (512 positions) and show it reads longer inputs.")
+    d.add_argument("--max-length", type=int, default=2048, help="New length (default 2048).")
+    d.set_defaults(run=_cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.run(args)
+    except (ValueError, TypeError, OSError) as error:
+        print(f"posswap {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

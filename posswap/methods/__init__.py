@@ -1,0 +1,3 @@
+"""One file per position method; importing this package registers them all."""
+
+from . import interpolate  # noqa: F401

@@ -1,0 +1,63 @@
+"""``interpolate``: the learned table grows (or shrinks) to ``max_length`` rows; nothing else changes."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..architectures import Sites
+from ..config import PositionConfig, check_choice
+from ..functional import RESAMPLE_MODES, resample_table
+from ..registry import register_method
+
+logger = logging.getLogger("posswap")
+
+
+@dataclass
+class InterpolateConfig(PositionConfig):
+    method = "interpolate"
+
+    mode: str = field(
+        default="copy",
+        metadata={"help": "copy: tile the old rows (Longformer); linear / cubic: resample the table (position interpolation)."},
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        check_choice("mode", self.mode, RESAMPLE_MODES)
+
+
+def resized_table_weight(sites: Sites, max_length: int, mode: str) -> torch.Tensor:
+    """The table's new weight for ``max_length`` tokens. Rows before the offset (RoBERTa's padding rows)
+    are kept as they are; only the rows of real positions are resampled."""
+    weight = sites.table.weight.detach()
+    head, body = weight[: sites.offset], weight[sites.offset :]
+    return torch.cat([head, resample_table(body, max_length, mode)])
+
+
+def replace_table_weight(table: nn.Embedding, weight: torch.Tensor) -> None:
+    table.weight = nn.Parameter(weight, requires_grad=table.weight.requires_grad)
+    table.num_embeddings = weight.shape[0]
+
+
+def check(model: nn.Module, sites: Sites, config: InterpolateConfig) -> None:
+    if sites.table is None:
+        raise ValueError(
+            "This model has no learned position table left to interpolate (a method dropped it). "
+            "Start from the original checkpoint."
+        )
+
+
+def apply(model: nn.Module, sites: Sites, config: InterpolateConfig) -> None:
+    old = sites.max_length
+    if config.max_length == old:
+        return
+    if config.max_length < old:
+        logger.warning("Shrinking the position table from %d to %d tokens: positions past %d are lost.", old, config.max_length, config.max_length)
+    replace_table_weight(sites.table, resized_table_weight(sites, config.max_length, config.mode))
+
+
+register_method(InterpolateConfig, check, apply)

@@ -1,0 +1,63 @@
+"""``posswap.patch``: check everything, then change the model in place."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from .architectures import assign_buffers, find_sites, resized_position_buffers
+from .config import PositionConfig, config_from_dict
+from .guard import install_length_guard
+from .registry import get_method
+from .version import __version__
+
+# Key of the block that save_pretrained writes into config.json.
+CONFIG_KEY = "posswap"
+
+
+def patch(model: nn.Module, config: PositionConfig | dict[str, Any], tokenizer: Any = None) -> nn.Module:
+    """Swap the position handling of ``model`` for ``config``'s method; returns the same model object.
+
+    The model keeps its class (``GPT2LMHeadModel`` stays one). Its ``config.max_position_embeddings``
+    becomes the new length (plus RoBERTa's padding offset), and a ``posswap`` block is added to its config
+    so that ``save_pretrained`` / :func:`posswap.from_pretrained` round-trip. If ``tokenizer`` is given,
+    its ``model_max_length`` is set to the new length. On any error the model is left untouched.
+    """
+    if isinstance(config, dict):
+        config = config_from_dict(config)
+    if not isinstance(config, PositionConfig):
+        raise TypeError(f"config must be a posswap config (InterpolateConfig, ...) or a dict, got {type(config).__name__}.")
+    config.validate()  # the dataclass may have been edited since it was built
+    spec = get_method(config.method)
+    sites = find_sites(model)
+    previous = getattr(model.config, CONFIG_KEY, None)
+    if previous and previous["method"] != config.method:
+        raise ValueError(
+            f"This model is already patched with {previous['method']!r}; patching it again with "
+            f"{config.method!r} is not supported. Start from the original checkpoint."
+        )
+    if tokenizer is not None and not hasattr(tokenizer, "model_max_length"):
+        raise TypeError(f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}.")
+    spec.check(model, sites, config)
+
+    # Everything below changes the model; allocations come first so a failure leaves it as it was.
+    rows = config.max_length + sites.offset
+    buffers = resized_position_buffers(sites, rows)
+    original_length = previous["original_length"] if previous else sites.max_length
+    spec.apply(model, sites, config)
+    assign_buffers(sites.owner, buffers)
+    model.config.max_position_embeddings = rows
+    setattr(model.config, CONFIG_KEY, {**config.to_dict(), "original_length": original_length, "version": __version__})
+    install_length_guard(sites.base, sites.offset)
+    if tokenizer is not None:
+        tokenizer.model_max_length = config.max_length
+    return model
+
+
+def patched_config(model: nn.Module) -> PositionConfig | None:
+    """The config a model was patched with, or None for a stock model."""
+    block = getattr(getattr(model, "config", None), CONFIG_KEY, None)
+    if not block:
+        return None
+    return config_from_dict({k: v for k, v in block.items() if k not in ("original_length", "version")})

