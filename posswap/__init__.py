@@ -6,6 +6,7 @@ from .architectures import ARCHITECTURES
 from .config import PositionConfig, config_from_dict
 from .loading import from_pretrained
 from .methods.interpolate import InterpolateConfig
+from .methods.rope import RopeConfig
 from .patching import patch, patched_config
 from .version import __version__
 
@@ -13,6 +14,7 @@ __all__ = [
     "ARCHITECTURES",
     "InterpolateConfig",
     "PositionConfig",
+    "RopeConfig",
     "__version__",
     "config_from_dict",
     "from_pretrained",

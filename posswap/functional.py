@@ -34,3 +34,57 @@ def resample_table(table: torch.Tensor, rows: int, mode: str) -> torch.Tensor:
     mode_2d = "bilinear" if mode == "linear" else "bicubic"
     resized = F.interpolate(image, size=(rows, 1), mode=mode_2d, align_corners=True)
     return resized[0, :, :, 0].t().to(table.dtype).contiguous()
+
+
+def rope_frequencies(
+    head_dim: int,
+    rotary_dim: int,
+    theta: float,
+    scaling: str | None,
+    factor: float,
+    original_length: int,
+    seq_len: int | None = None,
+    extra: dict | None = None,
+) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies (rotary_dim / 2,) and the cos/sin scale, from transformers' ``ROPE_INIT_FUNCTIONS``.
+
+    Plain RoPE is ``linear`` with factor 1. ``original_length`` is what the model was trained at: yarn's
+    ``original_max_position_embeddings`` and the length past which ``dynamic`` starts to stretch.
+    """
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope_type = scaling or "linear"
+    parameters = {"rope_type": rope_type, "rope_theta": float(theta), "factor": float(factor if scaling else 1.0)}
+    parameters["partial_rotary_factor"] = rotary_dim / head_dim
+    if rope_type == "yarn":
+        parameters["original_max_position_embeddings"] = original_length
+    parameters.update(extra or {})
+    # A Llama config is the carrier transformers' rope functions read their parameters from.
+    config = LlamaConfig(
+        hidden_size=head_dim, num_attention_heads=1, head_dim=head_dim,
+        max_position_embeddings=original_length, rope_parameters=parameters,
+    )
+    return ROPE_INIT_FUNCTIONS[rope_type](config, device=None, seq_len=seq_len)
+
+
+def rotary_cos_sin(inv_freq: torch.Tensor, position_ids: torch.Tensor, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, (batch, length, rotary_dim), fp32 whatever autocast says: positions times frequencies
+    lose precision in half precision long before 4k."""
+    with torch.autocast(device_type=position_ids.device.type, enabled=False):
+        angles = position_ids[..., None].float() * inv_freq.float().to(position_ids.device)
+        angles = torch.cat((angles, angles), dim=-1)  # the rotate_half layout of transformers' Llama
+        return angles.cos() * scale, angles.sin() * scale
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first ``cos.shape[-1]`` dims of every head of x (batch, length, heads, head_dim); the
+    rest pass through. Computed in fp32, returned in x's dtype."""
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    rotary_dim = cos.shape[-1]
+    cos, sin = cos[:, :, None], sin[:, :, None]
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        rotated, passed = x[..., :rotary_dim].float(), x[..., rotary_dim:]
+        rotated = rotated * cos + rotate_half(rotated) * sin
+        return torch.cat((rotated.to(x.dtype), passed), dim=-1) if passed.shape[-1] else rotated.to(x.dtype)

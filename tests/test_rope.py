@@ -1,0 +1,198 @@
+"""rope: relative invariance, KV cache = full pass, left padding, rotation math, scaling from transformers,
+training with a dropped table, save/load, the real MiniLM at 2048."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+import posswap
+from conftest import MODEL_IDS, MODELS, OLD_LENGTH, make_model, outputs, token_ids
+from posswap.functional import apply_rotary, rope_frequencies, rotary_cos_sin
+
+NEW_LENGTH = 4 * OLD_LENGTH
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "eager", "flex"])
+@pytest.mark.parametrize("model_type,head", [("gpt2", "GPT2LMHeadModel"), ("bert", "BertModel"), ("roberta", "RobertaForMaskedLM")])
+def test_shifting_positions_leaves_outputs_unchanged(model_type, head, backend):
+    model = posswap.patch(make_model(model_type, head), posswap.RopeConfig(max_length=NEW_LENGTH, backend=backend))
+    ids = token_ids(48)
+    positions = torch.arange(48)[None].expand(2, -1)
+    torch.set_grad_enabled(False)  # flex attention has no backward on CPU
+    base = model(input_ids=ids, position_ids=positions + (2 if "roberta" in model_type else 0))
+    shifted = model(input_ids=ids, position_ids=positions + 37)
+    torch.set_grad_enabled(True)
+    key = "logits" if hasattr(base, "logits") else "last_hidden_state"
+    torch.testing.assert_close(shifted[key], base[key], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model_type,head", MODELS, ids=MODEL_IDS)
+def test_runs_max_length_without_a_table(model_type, head):
+    model = posswap.patch(make_model(model_type, head), posswap.RopeConfig(max_length=NEW_LENGTH))
+    assert not any("wpe" in n or "position_embeddings" in n for n, _ in model.named_parameters())
+    out = outputs(model, token_ids(NEW_LENGTH))
+    assert torch.isfinite(out).all()
+    with pytest.raises(ValueError, match=f"at most {NEW_LENGTH} tokens"):
+        outputs(model, token_ids(NEW_LENGTH + 1))
+
+
+def test_rotation_preserves_norms_and_leaves_other_dims():
+    x = torch.randn(2, 10, 4, 16)
+    inv_freq, _ = rope_frequencies(16, 8, 10000.0, None, 1.0, 512)
+    cos, sin = rotary_cos_sin(inv_freq, torch.arange(10)[None])
+    y = apply_rotary(x, cos, sin)
+    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1))
+    assert torch.equal(y[..., 8:], x[..., 8:])
+    assert not torch.allclose(y[:, 1:, :, :8], x[:, 1:, :, :8])
+    torch.testing.assert_close(y[:, 0], x[:, 0])  # position 0 is not rotated
+
+
+@pytest.mark.parametrize("scaling", [None, "linear", "dynamic", "yarn"])
+def test_frequencies_are_transformers_own(scaling):
+    head_dim, factor, original = 64, 4.0, 512
+    rope_type = scaling or "linear"
+    params = {"rope_type": rope_type, "rope_theta": 10000.0, "factor": factor if scaling else 1.0}
+    if scaling == "yarn":
+        params["original_max_position_embeddings"] = original
+    config = transformers.LlamaConfig(hidden_size=768, num_attention_heads=12, head_dim=head_dim, max_position_embeddings=original, rope_parameters=params)
+    expected, expected_scale = ROPE_INIT_FUNCTIONS[rope_type](config, device=None, seq_len=2048)
+    got, scale = rope_frequencies(head_dim, head_dim, 10000.0, scaling, factor, original, seq_len=2048)
+    torch.testing.assert_close(got, expected)
+    assert scale == pytest.approx(expected_scale)
+    plain = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    if scaling is None:
+        torch.testing.assert_close(got, plain)
+
+
+@pytest.mark.parametrize("scaling", ["linear", "dynamic", "yarn"])
+def test_scaled_model_runs_and_round_trips(scaling, tmp_path):
+    model = posswap.patch(make_model("gpt2", "GPT2LMHeadModel"), posswap.RopeConfig(max_length=NEW_LENGTH, scaling=scaling))
+    ids = token_ids(NEW_LENGTH)
+    expected = outputs(model, ids)
+    assert torch.isfinite(expected).all()
+    model.save_pretrained(tmp_path)
+    assert torch.equal(outputs(posswap.from_pretrained(str(tmp_path)).eval(), ids), expected)
+
+
+@pytest.mark.parametrize("absolute", ["drop", "keep"])
+def test_kv_cache_decoding_equals_full_pass(absolute):
+    model = posswap.patch(make_model("gpt2", "GPT2LMHeadModel"), posswap.RopeConfig(max_length=NEW_LENGTH, absolute=absolute))
+    ids = token_ids(40, batch=1)
+    full = model(input_ids=ids).logits
+    out = model(input_ids=ids[:, :16], use_cache=True)
+    steps = [out.logits]
+    for t in range(16, 40):
+        out = model(input_ids=ids[:, t : t + 1], past_key_values=out.past_key_values, use_cache=True)
+        steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("absolute", ["drop", "keep"])
+def test_left_padded_generation_equals_rows_alone(absolute):
+    model = posswap.patch(make_model("gpt2", "GPT2LMHeadModel"), posswap.RopeConfig(max_length=NEW_LENGTH, absolute=absolute))
+    pad = model.config.eos_token_id
+    long, short = token_ids(12, batch=1, seed=3), token_ids(7, batch=1, seed=4)
+    batch = torch.cat([long, torch.cat([torch.full((1, 5), pad), short], dim=1)])
+    mask = torch.ones_like(batch)
+    mask[1, :5] = 0
+    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=pad, output_logits=True, return_dict_in_generate=True)
+    together = model.generate(input_ids=batch, attention_mask=mask, **kwargs)
+    for row, ids in enumerate([long, short]):
+        alone = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+        assert torch.equal(together.sequences[row, -8:], alone.sequences[0, -8:])
+        for a, b in zip(together.logits, alone.logits):
+            torch.testing.assert_close(a[row], b[0], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model_type,head", [("gpt2", "GPT2LMHeadModel"), ("bert", "BertForMaskedLM")])
+def test_training_step_with_gradient_checkpointing(model_type, head):
+    model = posswap.patch(make_model(model_type, head), posswap.RopeConfig(max_length=NEW_LENGTH))
+    model.train()
+    model.gradient_checkpointing_enable()
+    ids = token_ids(NEW_LENGTH)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert missing == [], missing  # nothing unused (DDP would fail), and no position table left
+
+
+def test_bf16_model_is_finite_at_max_length():
+    model = posswap.patch(make_model("gpt2", "GPT2LMHeadModel").to(torch.bfloat16), posswap.RopeConfig(max_length=NEW_LENGTH, scaling="yarn"))
+    out = outputs(model, token_ids(NEW_LENGTH))
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    fp32 = posswap.patch(make_model("bert", "BertModel"), posswap.RopeConfig(max_length=NEW_LENGTH))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.isfinite(outputs(fp32, token_ids(NEW_LENGTH))).all()
+
+
+def test_rotary_dim_rotates_only_part_of_each_head():
+    model = make_model("bert", "BertModel")  # head_dim 8
+    posswap.patch(model, posswap.RopeConfig(max_length=NEW_LENGTH, rotary_dim=0.5))
+    assert model.posswap_rotary.rotary_dim == 4
+    assert torch.isfinite(outputs(model, token_ids(NEW_LENGTH))).all()
+
+
+@pytest.mark.parametrize("model_type,head", [("gpt2", "GPT2LMHeadModel"), ("xlm-roberta", "XLMRobertaForTokenClassification"), ("electra", "ElectraForPreTraining")])
+@pytest.mark.parametrize("absolute", ["drop", "keep"])
+def test_save_and_load_give_identical_logits(model_type, head, absolute, tmp_path):
+    model = posswap.patch(make_model(model_type, head), posswap.RopeConfig(max_length=NEW_LENGTH, absolute=absolute))
+    ids = token_ids(NEW_LENGTH)
+    expected = outputs(model, ids)
+    model.save_pretrained(tmp_path)
+    loaded = posswap.from_pretrained(str(tmp_path)).eval()
+    assert type(loaded).__name__ == head
+    assert loaded.config.posswap["absolute"] == absolute
+    assert torch.equal(outputs(loaded, ids), expected)
+
+
+def test_keep_extends_the_table_by_copy():
+    model = make_model("gpt2", "GPT2Model")
+    old = model.wpe.weight.detach().clone()
+    posswap.patch(model, posswap.RopeConfig(max_length=NEW_LENGTH, absolute="keep"))
+    assert model.wpe.weight.shape[0] == NEW_LENGTH
+    assert torch.equal(model.wpe.weight[:OLD_LENGTH], old)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(scaling="ntk"), "scaling must be one of"),
+        (dict(factor=4.0), "factor only applies"),
+        (dict(scaling="yarn", factor=0.5), "factor must be a number >= 1"),
+        (dict(rotary_dim=3), "rotary_dim must be"),
+        (dict(rotary_dim=1.5), "rotary_dim must be"),
+        (dict(theta=0), "theta must be"),
+        (dict(absolute="zero"), "absolute must be one of"),
+        (dict(backend="flash"), "backend must be one of"),
+    ],
+)
+def test_bad_config(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        posswap.RopeConfig(max_length=64, **kwargs)
+
+
+def test_errors_leave_model_untouched():
+    model = make_model("bert", "BertModel")  # head_dim 8
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match="gives 10 of 8 head dims"):
+        posswap.patch(model, posswap.RopeConfig(max_length=64, rotary_dim=10))
+    posswap.patch(model, posswap.InterpolateConfig(max_length=64))
+    with pytest.raises(ValueError, match="already patched with 'interpolate'"):
+        posswap.patch(model, posswap.RopeConfig(max_length=64))
+    assert isinstance(model.embeddings.position_embeddings, torch.nn.Embedding)
+    assert not hasattr(model, "posswap_rotary")
+
+
+def test_minilm_2048_forward_and_backward(minilm_path):
+    model = transformers.AutoModel.from_pretrained(minilm_path)
+    posswap.patch(model, posswap.RopeConfig(max_length=2048))
+    model.train()
+    ids = torch.randint(1000, 20000, (1, 2048), generator=torch.Generator().manual_seed(0))
+    out = model(input_ids=ids).last_hidden_state
+    out.float().pow(2).mean().backward()
+    assert torch.isfinite(out).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
