@@ -10,7 +10,7 @@ bare transformer (GPT2Model: no LM head, whose cost would hide the attention). V
               forward only on CPU: torch 2.13's flex_attention has no CPU backward
 Each (variant, length, mode) runs in its own subprocess. Peak memory: on CUDA torch.cuda.max_memory_allocated;
 on CPU the peak resident set size (a sampling thread reading /proc/self/statm every 0.5 ms) during the
-measured call, minus the RSS just before it. Time: the median of --repeats calls after one warm-up.
+measured call, minus the RSS just before it, with MALLOC_MMAP_THRESHOLD_=65536 so that freed tensors leave RSS. Time: the median of --repeats calls after one warm-up.
 """
 
 from __future__ import annotations
@@ -116,7 +116,9 @@ def main() -> None:
                     continue  # torch 2.13: "FlexAttention does not support backward on CPU"
                 command = [sys.executable, __file__, "--_one", f"{variant},{length},{mode}", "--layers", str(args.layers),
                            "--repeats", str(args.repeats), "--device", args.device]
-                done = subprocess.run(command, capture_output=True, text=True)
+                # Large blocks via mmap: freed memory goes back to the OS, so RSS follows live tensors.
+                env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+                done = subprocess.run(command, capture_output=True, text=True, env=env)
                 if done.returncode != 0:
                     print(f"{variant} {length} {mode} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
                     continue
