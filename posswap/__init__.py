@@ -5,12 +5,14 @@ from . import methods  # noqa: F401  (registers every method)
 from .architectures import ARCHITECTURES
 from .config import PositionConfig, config_from_dict
 from .loading import from_pretrained
+from .methods.alibi import AlibiConfig
 from .methods.interpolate import InterpolateConfig
 from .methods.rope import RopeConfig
 from .patching import patch, patched_config
 from .version import __version__
 
 __all__ = [
+    "AlibiConfig",
     "ARCHITECTURES",
     "InterpolateConfig",
     "PositionConfig",

@@ -88,3 +88,36 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
         rotated, passed = x[..., :rotary_dim].float(), x[..., rotary_dim:]
         rotated = rotated * cos + rotate_half(rotated) * sin
         return torch.cat((rotated.to(x.dtype), passed), dim=-1) if passed.shape[-1] else rotated.to(x.dtype)
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """Per-head ALiBi slopes (Press et al., "Train Short, Test Long"), float32, shape (num_heads,).
+
+    For a power of two n: the geometric sequence 2^(-8/n), 2^(-16/n), ..., 2^(-8). Otherwise the slopes of
+    the closest lower power of two, followed by every other slope of twice that power: the rule of the
+    reference code (ofirpress/attention_with_linear_biases, ``get_slopes``).
+    """
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
+        raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}.")
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))  # = 2^(-8/n)
+        return [start * start**i for i in range(n)]
+
+    if math.log2(num_heads).is_integer():
+        slopes = power_of_two(num_heads)
+    else:
+        lower = 2 ** math.floor(math.log2(num_heads))
+        slopes = power_of_two(lower) + power_of_two(2 * lower)[0::2][: num_heads - lower]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def alibi_bias(slopes: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor, symmetric: bool) -> torch.Tensor:
+    """The additive ALiBi bias, shape (..., heads, q, k), in ``slopes``' dtype.
+
+    ``q_positions`` (..., q) and ``k_positions`` (..., k) are integer positions (leading dims broadcast).
+    symmetric: ``-m_h * |i - j|`` (encoders); else ``-m_h * (i - j)`` (decoders: only the keys a causal
+    mask lets through, j <= i, are meaningful; later keys get a positive bias that the mask removes).
+    """
+    distance = q_positions[..., :, None] - k_positions[..., None, :]
+    if symmetric:
+        distance = distance.abs()
+    return -slopes[:, None, None] * distance.unsqueeze(-3).to(slopes.dtype)

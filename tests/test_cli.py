@@ -59,3 +59,14 @@ def test_cli_help_lists_methods(capsys):
     with pytest.raises(SystemExit):
         main(["patch", "--help"])
     assert "--method interpolate" in capsys.readouterr().out
+
+
+def test_cli_patch_alibi(tiny_gpt2_dir, tmp_path):
+    out = tmp_path / "tiny-alibi"
+    code = main(["patch", str(tiny_gpt2_dir), "--method", "alibi", "--max-length", "256", "--backend", "eager", "--symmetric", "false", "--out", str(out)])
+    assert code == 0
+    model = posswap.from_pretrained(str(out))
+    assert model.config.posswap["backend"] == "eager" and model.config.posswap["symmetric"] is False
+    assert model.config._attn_implementation == "posswap_alibi_eager"
+    assert model(input_ids=torch.arange(3, 259)[None]).logits.shape[1] == 256
+    assert main(["patch", str(tiny_gpt2_dir), "--method", "alibi", "--max-length", "256", "--backend", "fast", "--out", str(out)]) == 2

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..absolute import apply_absolute, check_absolute, planned_table_weight
+from ..absolute import ABSOLUTE_CHOICES, apply_absolute, check_absolute, planned_table_weight
 from ..architectures import Sites
 from ..backends import BACKENDS, check_backend, select_backend
 from ..config import PositionConfig, check_choice
@@ -63,7 +63,7 @@ class RopeConfig(PositionConfig):
                 raise ValueError("factor only applies with scaling='linear', 'dynamic' or 'yarn'; set scaling or drop factor.")
             if isinstance(self.factor, bool) or not isinstance(self.factor, (int, float)) or self.factor < 1:
                 raise ValueError(f"factor must be a number >= 1, got {self.factor!r}.")
-        check_choice("absolute", self.absolute, ("drop", "keep"))
+        check_choice("absolute", self.absolute, ABSOLUTE_CHOICES)
         check_choice("backend", self.backend, BACKENDS)
 
 

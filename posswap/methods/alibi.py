@@ -1,0 +1,96 @@
+"""``alibi``: attention with linear biases (Press et al.) in every self-attention layer, in place of (or on
+top of) the learned table. The bias is added by posswap's attention functions (``posswap/attention.py``),
+registered with transformers' attention and mask interfaces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from ..architectures import Sites
+from ..attention import ALIBI_IMPLEMENTATIONS, AlibiState
+from ..config import PositionConfig, check_choice
+from ..absolute import ABSOLUTE_CHOICES, apply_absolute, check_absolute, planned_table_weight
+from ..functional import alibi_slopes
+from ..registry import register_method
+
+BACKENDS = tuple(ALIBI_IMPLEMENTATIONS)
+
+
+@dataclass
+class AlibiConfig(PositionConfig):
+    method = "alibi"
+
+    symmetric: bool | None = field(
+        default=None,
+        metadata={"help": "ALiBi bias -m*|i-j| (true) or causal -m*(i-j) (false); default: symmetric for encoders, causal for GPT-2."},
+    )
+    absolute: str = field(
+        default="drop",
+        metadata={"help": "drop: remove the learned position table (default); keep: keep it, extended by copying rows."},
+    )
+    backend: str | None = field(
+        default=None,
+        metadata={"help": "ALiBi attention kernel: sdpa, flex or eager; default: what the model was loaded with."},
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        if self.symmetric is not None and not isinstance(self.symmetric, bool):
+            raise ValueError(f"symmetric must be true, false or None (from the architecture); got {self.symmetric!r}.")
+        check_choice("absolute", self.absolute, ABSOLUTE_CHOICES)
+        if self.backend is not None:
+            check_choice("backend", self.backend, BACKENDS)
+
+
+def resolve_backend(model: nn.Module, config: AlibiConfig) -> str:
+    if config.backend is not None:
+        return config.backend
+    current = model.config._attn_implementation
+    for backend, name in ALIBI_IMPLEMENTATIONS.items():
+        if current == name:  # patched again: keep the kernel
+            return backend
+    if current == "eager":
+        return "eager"
+    return "flex" if current and "flex" in current else "sdpa"  # flash kernels have no per-head bias here
+
+
+def check(model: nn.Module, sites: Sites, config: AlibiConfig) -> None:
+    if config.symmetric is False and not sites.arch.causal:
+        raise ValueError(
+            f"symmetric=False (the causal bias -m*(i-j)) needs a causal model; {sites.arch.model_type} attends both "
+            "ways. Leave symmetric unset (or true) for encoders."
+        )
+    check_absolute(sites, config.absolute)
+    if not model._can_set_attn_implementation():
+        raise ValueError(f"{type(model).__name__} cannot switch its attention implementation, so ALiBi cannot be added.")
+    # Raises (ValueError) if transformers would refuse the implementation for this model.
+    model.get_correct_attn_implementation(ALIBI_IMPLEMENTATIONS[resolve_backend(model, config)])
+
+
+def apply(model: nn.Module, sites: Sites, config: AlibiConfig) -> None:
+    backend = resolve_backend(model, config)
+    symmetric = (not sites.arch.causal) if config.symmetric is None else config.symmetric
+    attentions = sites.self_attentions()
+    slopes = alibi_slopes(model.config.num_attention_heads)
+    state = AlibiState(symmetric=symmetric)
+    new_weight = planned_table_weight(sites, config.absolute, config.max_length)
+
+    # Mutations only from here.
+    for attention in attentions:
+        device = next(attention.parameters()).device
+        attention.register_buffer("alibi_slopes", slopes.to(device), persistent=False)  # rebuilt at patch time
+        attention.posswap_alibi = state
+    apply_absolute(sites, config.absolute, new_weight)
+    old_hook = getattr(sites.base, "_posswap_alibi_hook", None)
+    if old_hook is not None:
+        old_hook.remove()
+    # The per-forward bias cache is emptied when the base model's forward ends (also on errors).
+    sites.base._posswap_alibi_hook = sites.base.register_forward_hook(state.clear, always_call=True)
+    model.set_attn_implementation(ALIBI_IMPLEMENTATIONS[backend])
+    # Recorded in the saved posswap block so that posswap.from_pretrained picks the same kernel.
+    config.backend = backend
+
+
+register_method(AlibiConfig, check, apply)
