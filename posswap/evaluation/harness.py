@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 from ..architectures import ARCHITECTURES
 from .causal import BEYOND, TokenLosses, sliding_losses, window_losses
 from .masked import mask_windows, masked_lm_scores, with_special_tokens
-from .passkey import DEPTHS, build_prompt, passkey_found, random_keys
+from .passkey import DEPTHS, build_prompt, passkey_found, random_keys, shortest_prompt
 from .results import ModelResults, Results
 from .stream import context_limit, token_stream, windows
 
@@ -79,6 +79,8 @@ def evaluate(
             if passkey_trials > 0:
                 result.passkey = _passkey(model, name, tokenizer, lengths, result.limit, passkey_trials, passkey_depths, seed, progress)
                 result.metrics["passkey"] = [_mean(row) for row in result.passkey["accuracy"]]
+                if None in result.metrics["passkey"]:
+                    result.notes.append("passkey needs a few dozen tokens of prompt: '-' where a length is shorter.")
         elif kind == "masked":
             _score_masked(model, name, tokenizer, stream, lengths, result, seed, max_tokens, progress)
         else:
@@ -145,9 +147,14 @@ def _score_masked(model, name, tokenizer, stream, lengths, result, seed, max_tok
 
 def _passkey(model, name, tokenizer, lengths, limit, trials, depths, seed, progress) -> dict:
     keys = random_keys(trials, seed)  # the same keys for every model
+    shortest = shortest_prompt(tokenizer)
     accuracy = []
     with tqdm(total=len(lengths) * len(depths) * trials, desc=f"{name}: passkey", disable=not progress) as bar:
         for length in lengths:
+            if length < shortest:  # too short to hold the prompt at all: not measured
+                accuracy.append([None for _ in depths])
+                bar.update(len(depths) * trials)
+                continue
             row = []
             for depth in depths:
                 found = 0
@@ -168,4 +175,5 @@ def _buckets(nll: torch.Tensor, position: torch.Tensor, length: int) -> dict:
 
 
 def _mean(values):
+    values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None

@@ -40,6 +40,11 @@ def _encode(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
 
 
+def shortest_prompt(tokenizer, key: int = 99_999) -> int:
+    """Tokens of a prompt with no filler: shorter lengths cannot hold the task, key and question."""
+    return sum(len(_encode(tokenizer, text)) for text in (TASK, info(key), QUESTION, f" {key}"))
+
+
 def build_prompt(tokenizer, length: int, depth: float, key: int) -> PasskeyPrompt:
     """A prompt of ``length`` tokens counting the answer. Filler is cut at token level, so the length is
     exact, and the key sentence starts ``depth`` (0 = first, 1 = last) of the way through the filler."""
