@@ -66,7 +66,7 @@ def evaluate(
     loaded = {name: from_pretrained(m) if isinstance(m, (str, Path)) else m for name, m in models.items()}
     tokenizer = _tokenizer(tokenizer, models)
     texts = load_text_dataset(data)["text"] if isinstance(data, str) else list(data)
-    stream = token_stream(texts, tokenizer, max(max_tokens, lengths[-1]))
+    stream = token_stream(texts, tokenizer, max(max_tokens, lengths[-1]), min_tokens=lengths[-1])
 
     settings = dict(stride=stride, beyond=beyond, max_tokens=max_tokens, seed=seed, passkey_trials=passkey_trials)
     results = Results(lengths=lengths, data=data if isinstance(data, str) else "<texts>", settings=settings)

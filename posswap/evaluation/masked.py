@@ -14,8 +14,12 @@ from .stream import model_device
 
 
 def with_special_tokens(content: torch.Tensor, tokenizer) -> torch.Tensor:
-    """[CLS] content [SEP] (whatever the tokenizer adds around one sequence)."""
-    return torch.tensor(tokenizer.build_inputs_with_special_tokens(content.tolist()), dtype=torch.long)
+    """[CLS] content [SEP]: whatever the tokenizer adds around one sequence, found by tokenising one word with
+    and without special tokens (transformers 5 tokenizers have no public ids-level method for it)."""
+    bare = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a", add_special_tokens=True)["input_ids"]
+    start = next(i for i in range(len(full)) if full[i : i + len(bare)] == bare)
+    return torch.cat([torch.tensor(full[:start]), content, torch.tensor(full[start + len(bare) :])]).long()
 
 
 def mask_windows(windows: list[torch.Tensor], tokenizer, seed: int, probability: float = 0.15) -> list[tuple[torch.Tensor, torch.Tensor]]:

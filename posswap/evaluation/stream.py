@@ -8,22 +8,24 @@ from torch import nn
 from ..architectures import find_sites
 
 
-def token_stream(texts, tokenizer, min_tokens: int) -> torch.Tensor:
+def token_stream(texts, tokenizer, max_tokens: int, min_tokens: int | None = None) -> torch.Tensor:
     """Token ids of ``texts`` joined (with EOS between documents when the tokenizer has one), stopping once
-    ``min_tokens`` are there: novels are long, and tokenising only what the budget needs keeps runs short."""
+    ``max_tokens`` are there: novels are long, and tokenising only what the budget needs keeps runs short.
+    Fewer than ``min_tokens`` (default ``max_tokens``) is an error."""
+    min_tokens = max_tokens if min_tokens is None else min_tokens
     separator = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     ids: list[int] = []
     for text in texts:
         # verbose=False: a whole novel is longer than model_max_length on purpose; windows are cut later.
         ids += tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"] + separator
-        if len(ids) >= min_tokens:
+        if len(ids) >= max_tokens:
             break
     if len(ids) < min_tokens:
         raise ValueError(
             f"The data gives {len(ids)} tokens, fewer than the {min_tokens} needed for the longest length; "
             "use shorter --lengths or more text."
         )
-    return torch.tensor(ids[:min_tokens], dtype=torch.long)
+    return torch.tensor(ids[:max_tokens], dtype=torch.long)
 
 
 def windows(stream: torch.Tensor, length: int, max_tokens: int) -> list[torch.Tensor]:
