@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -66,7 +67,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     from .evaluation import evaluate
 
     results = evaluate(
-        {name: name for name in args.models},
+        _short_names(args.models),
         args.tokenizer,
         _int_list(args.lengths),
         args.data,
@@ -80,6 +81,12 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     )
     print(results.table())
     print(f"Wrote {args.out}/results.json and the plots.")
+
+
+def _short_names(models: list[str]) -> dict[str, str]:
+    """Table rows named by a folder's last part (``out/gpt2-rope-4k`` -> ``gpt2-rope-4k``) where unambiguous."""
+    short = [Path(m).name if Path(m).exists() else m for m in models]
+    return dict(zip(short if len(set(short)) == len(short) else models, models))
 
 
 def _int_list(text: str) -> list[int]:

@@ -192,8 +192,19 @@ def test_accuracy_of_a_model_that_always_predicts_the_right_token_is_one(word_to
 
 def test_encoder_without_head_gets_a_note(word_tokenizer):
     results = posswap.evaluate({"enc": make_model("bert", "BertModel")}, word_tokenizer, [16], TEXTS, progress=False)
-    assert results.models["enc"].kind == "encoder" and results.models["enc"].metrics == {}
+    assert results.models["enc"].kind == "encoder" and set(results.models["enc"].metrics) == {"adjacent_cos"}
     assert "MLM loss needs" in results.table()
+
+
+def test_adjacent_similarity_of_a_resampled_table_is_higher():
+    from posswap.evaluation.similarity import adjacent_similarity
+
+    model = make_model("bert", "BertModel")  # 32 random rows
+    table = model.embeddings.position_embeddings.weight.detach()
+    posswap.patch(model, posswap.InterpolateConfig(max_length=128, mode="linear"))
+    smooth = model.embeddings.position_embeddings.weight.detach()
+    assert adjacent_similarity(smooth, 32) > adjacent_similarity(table, 32) + 0.3
+    assert adjacent_similarity(table, 64) is None and adjacent_similarity(table[:1].repeat(4, 1), 4) == pytest.approx(1.0)
 
 
 # --- passkey -----------------------------------------------------------------------------------------------
@@ -266,7 +277,7 @@ def test_cli_eval_end_to_end(tiny_gpt2, gpt2_tokenizer, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "ppl" in printed and "results.json" in printed
     results = json.loads((out / "results.json").read_text())
-    model = results["models"][str(tmp_path / "tiny")]
+    model = results["models"]["tiny"]  # a folder is named by its last part
     assert results["lengths"] == [32, 64, 128] and model["metrics"]["read_as"] == ["full", "full", "sliding"]
     assert model["passkey"]["accuracy"][0] == [None, None]  # 32 tokens cannot hold a passkey prompt
     assert (out / "ppl_vs_length.png").exists()

@@ -15,6 +15,7 @@ from .causal import BEYOND, TokenLosses, sliding_losses, window_losses
 from .masked import mask_windows, masked_lm_scores, with_special_tokens
 from .passkey import DEPTHS, build_prompt, passkey_found, random_keys, shortest_prompt
 from .results import ModelResults, Results
+from .similarity import adjacent_similarity, learned_table
 from .stream import context_limit, token_stream, windows
 
 DEFAULT_DATA = "posswap:austen-heldout"
@@ -88,6 +89,9 @@ def evaluate(
                 f"{type(model).__name__} has no LM head: MLM loss needs one (save or load the checkpoint with "
                 "AutoModelForMaskedLM / AutoModelForCausalLM); only the position maps are shown."
             )
+        table = learned_table(model) if model.config.model_type in ARCHITECTURES else None
+        if table is not None:  # says something even about an encoder with no head
+            result.metrics["adjacent_cos"] = [adjacent_similarity(table, length) for length in lengths]
         results.models[name] = result
     if out is not None:
         from .plots import write_plots

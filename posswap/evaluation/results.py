@@ -50,7 +50,7 @@ class Results:
         rows = []
         for name, result in self.models.items():
             shown = False
-            for metric in ("ppl", "mlm_loss", "mlm_accuracy", "passkey", "read_as"):
+            for metric in ("ppl", "mlm_loss", "mlm_accuracy", "passkey", "read_as", "adjacent_cos"):
                 values = result.metrics.get(metric)
                 if values is not None:
                     rows.append([name, metric] + [_cell(v) for v in values])
@@ -60,6 +60,8 @@ class Results:
         widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
         lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)) for row in [header] + rows]
         notes = [f"{name}: {note}" for name, result in self.models.items() for note in result.notes]
+        if any("adjacent_cos" in result.metrics for result in self.models.values()):
+            notes.append("adjacent_cos: mean cosine similarity of neighbouring rows of the position table up to that length.")
         return "\n".join(lines + notes)
 
 

@@ -23,6 +23,15 @@ def learned_table(model: nn.Module) -> torch.Tensor | None:
     return sites.table.weight.detach()[sites.offset : sites.offset + sites.max_length].cpu()
 
 
+def adjacent_similarity(table: torch.Tensor, length: int) -> float | None:
+    """Mean cosine similarity of neighbouring rows among the first ``length`` positions: how smooth the table
+    is there (resampled tables are smoother than trained ones). None if the table is shorter than ``length``."""
+    if len(table) < length or length < 2:
+        return None
+    unit = F.normalize(table[:length].float(), dim=-1)
+    return (unit[1:] * unit[:-1]).sum(-1).mean().item()
+
+
 def sinusoidal_table(positions: int, dim: int, base: float = 10_000.0) -> torch.Tensor:
     """Vaswani et al.'s table: sin on even, cos on odd features."""
     position = torch.arange(positions, dtype=torch.float64)[:, None]
