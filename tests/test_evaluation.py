@@ -126,6 +126,12 @@ def test_beyond_the_limit_truncate_and_sliding():
         posswap.evaluate({"m": model}, None, [16], TEXTS, beyond="wrap")
 
 
+def test_a_tokenizer_that_does_not_fit_the_model_is_named(gpt2_tokenizer):
+    model = make_model("gpt2", "GPT2LMHeadModel")  # vocabulary of 99
+    with pytest.raises(ValueError, match="vocabulary of 99.*--tokenizer"):
+        posswap.evaluate({"m": model}, gpt2_tokenizer, [16], TEXTS, progress=False)
+
+
 # --- masked LM ---------------------------------------------------------------------------------------------
 
 

@@ -64,6 +64,8 @@ def evaluate(
         raise ValueError(f"stride must be a positive number of tokens; got {stride}.")
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be positive; got {max_tokens}.")
+    if any(not 0.0 <= depth <= 1.0 for depth in passkey_depths):
+        raise ValueError(f"Passkey depths must lie between 0 and 1; got {list(passkey_depths)}.")
     loaded = {name: from_pretrained(m) if isinstance(m, (str, Path)) else m for name, m in models.items()}
     tokenizer = _tokenizer(tokenizer, models)
     texts = load_text_dataset(data)["text"] if isinstance(data, str) else list(data)
@@ -75,6 +77,12 @@ def evaluate(
         model.eval()
         kind = model_kind(model)
         result = ModelResults(kind=kind, limit=context_limit(model))
+        vocab = getattr(model.config, "vocab_size", None)
+        if kind != "encoder" and vocab is not None and int(stream.max()) >= vocab:
+            raise ValueError(
+                f"The tokenizer gives ids up to {int(stream.max())} but {name} has a vocabulary of {vocab}: "
+                "pass the tokenizer the model was trained with (--tokenizer)."
+            )
         if kind == "causal":
             _score_causal(model, name, stream, lengths, result, stride, beyond, max_tokens, progress)
             if passkey_trials > 0:

@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 import torch  # noqa: E402
 
+from ..architectures import ARCHITECTURES  # noqa: E402
 from .results import Results  # noqa: E402
 from .similarity import cosine_matrix, head_dim, learned_table, rotary_similarity, sinusoidal_table  # noqa: E402
 
@@ -105,7 +106,7 @@ def plot_similarity(model, name: str, path: Path) -> Path:
         panels.append((f"{name}: learned table", cosine_matrix(table[index])))
     panels.append(("sinusoidal", cosine_matrix(sinusoidal_table(positions, model.config.hidden_size)[index])))
     panels.append((f"rotary (head dim {head_dim(model)})", rotary_similarity(positions, head_dim(model))[index][:, index]))
-    figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4))
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.2), layout="constrained")
     extent = (0, positions, positions, 0)
     for axis, (title, matrix) in zip(axes, panels):
         image = axis.imshow(matrix.numpy(), vmin=-1, vmax=1, cmap="RdBu_r", extent=extent)
@@ -130,5 +131,6 @@ def write_plots(results: Results, out: Path, models: dict | None = None) -> list
     for name in results.models:
         written.append(plot_passkey(results, name, out / f"passkey_{slug(name)}.png"))
     for name, model in (models or {}).items():
-        written.append(plot_similarity(model, name, out / f"similarity_{slug(name)}.png"))
+        if getattr(model.config, "model_type", None) in ARCHITECTURES:  # a table to find, a head size to read
+            written.append(plot_similarity(model, name, out / f"similarity_{slug(name)}.png"))
     return [path for path in written if path is not None]
