@@ -54,6 +54,7 @@ def evaluate(
     ``results.json`` and the PNG plots there."""
     from ..data.splits import load_text_dataset
     from ..loading import from_pretrained
+    from .plots import plot_similarity, slug, write_plots  # here: `import posswap` need not load matplotlib
 
     lengths = sorted({int(length) for length in lengths})
     if not lengths or lengths[0] < 2:
@@ -66,15 +67,15 @@ def evaluate(
         raise ValueError(f"max_tokens must be positive; got {max_tokens}.")
     if any(not 0.0 <= depth <= 1.0 for depth in passkey_depths):
         raise ValueError(f"Passkey depths must lie between 0 and 1; got {list(passkey_depths)}.")
-    loaded = {name: from_pretrained(m) if isinstance(m, (str, Path)) else m for name, m in models.items()}
     tokenizer = _tokenizer(tokenizer, models)
     texts = load_text_dataset(data)["text"] if isinstance(data, str) else list(data)
     stream = token_stream(texts, tokenizer, max(max_tokens, lengths[-1]), min_tokens=lengths[-1])
 
     settings = dict(stride=stride, beyond=beyond, max_tokens=max_tokens, seed=seed, passkey_trials=passkey_trials)
     results = Results(lengths=lengths, data=data if isinstance(data, str) else "<texts>", settings=settings)
-    for name, model in loaded.items():
-        model.eval()
+    for name, spec in models.items():
+        # One model in memory at a time: a stock model and its 4k variants need not fit together.
+        model = (from_pretrained(spec) if isinstance(spec, (str, Path)) else spec).eval()
         kind = model_kind(model)
         result = ModelResults(kind=kind, limit=context_limit(model))
         vocab = getattr(model.config, "vocab_size", None)
@@ -95,17 +96,19 @@ def evaluate(
         else:
             result.notes.append(
                 f"{type(model).__name__} has no LM head: MLM loss needs one (save or load the checkpoint with "
-                "AutoModelForMaskedLM / AutoModelForCausalLM); only the position maps are shown."
+                "AutoModelForMaskedLM / AutoModelForCausalLM); only its position table is measured."
             )
+        if kind == "masked" and beyond == "sliding" and result.limit is not None and lengths[-1] > result.limit:
+            result.notes.append("masked LMs read lengths past their limit in pieces (truncate); sliding is for causal LMs.")
         table = learned_table(model) if model.config.model_type in ARCHITECTURES else None
         if table is not None:  # says something even about an encoder with no head
             result.metrics["adjacent_cos"] = [adjacent_similarity(table, length) for length in lengths]
         results.models[name] = result
+        if out is not None and model.config.model_type in ARCHITECTURES:
+            plot_similarity(model, name, Path(out) / f"similarity_{slug(name)}.png")
     if out is not None:
-        from .plots import write_plots
-
         results.save(Path(out) / "results.json")
-        write_plots(results, Path(out), loaded)
+        write_plots(results, Path(out))
     return results
 
 
