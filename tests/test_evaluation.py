@@ -6,6 +6,7 @@ import json
 import math
 import types
 
+import datasets
 import matplotlib.image
 import pytest
 import torch
@@ -70,6 +71,11 @@ def test_local_files_and_bad_specs(tmp_path):
     assert load_text_dataset(str(tmp_path / "a.txt"))["text"] == ["line one\nline two\n"]  # one document
     (tmp_path / "a.jsonl").write_text(json.dumps({"text": "x"}) + "\n" + json.dumps({"text": "y"}) + "\n")
     assert load_text_dataset(str(tmp_path / "a.jsonl"))["text"] == ["x", "y"]
+    datasets.Dataset.from_dict({"text": ["p", "q"]}).to_parquet(str(tmp_path / "a.parquet"))
+    assert load_text_dataset(str(tmp_path / "a.parquet"))["text"] == ["p", "q"]
+    (tmp_path / "b.jsonl").write_text(json.dumps({"body": "x"}) + "\n")
+    with pytest.raises(ValueError, match="no 'text' column"):
+        load_text_dataset(str(tmp_path / "b.jsonl"))
     with pytest.raises(ValueError, match="austen-heldout"):
         load_text_dataset("posswap:nope")
     (tmp_path / "a.csv").write_text("text\nx\n")
