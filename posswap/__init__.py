@@ -4,6 +4,7 @@ reaches further (an extended table, RoPE or ALiBi), then train, evaluate and sha
 from . import methods  # noqa: F401  (registers every method)
 from .architectures import ARCHITECTURES
 from .config import PositionConfig, config_from_dict
+from .evaluation import Results, evaluate
 from .loading import from_pretrained
 from .methods.alibi import AlibiConfig
 from .methods.interpolate import InterpolateConfig
@@ -16,9 +17,11 @@ __all__ = [
     "ARCHITECTURES",
     "InterpolateConfig",
     "PositionConfig",
+    "Results",
     "RopeConfig",
     "__version__",
     "config_from_dict",
+    "evaluate",
     "from_pretrained",
     "patch",
     "patched_config",

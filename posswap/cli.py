@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -62,6 +63,39 @@ def _cmd_demo(args: argparse.Namespace) -> None:
     run_demo(max_length=args.max_length)
 
 
+def _cmd_eval(args: argparse.Namespace) -> None:
+    from .evaluation import evaluate
+
+    results = evaluate(
+        _short_names(args.models),
+        args.tokenizer,
+        _int_list(args.lengths),
+        args.data,
+        stride=args.stride,
+        beyond=args.beyond,
+        max_tokens=args.max_tokens,
+        passkey_trials=args.passkey_trials,
+        passkey_depths=tuple(float(d) for d in args.passkey_depths.split(",")),
+        seed=args.seed,
+        out=args.out,
+    )
+    print(results.table())
+    print(f"Wrote {args.out}/results.json and the plots.")
+
+
+def _short_names(models: list[str]) -> dict[str, str]:
+    """Table rows named by a folder's last part (``out/gpt2-rope-4k`` -> ``gpt2-rope-4k``) where unambiguous."""
+    short = [Path(m).name if Path(m).exists() else m for m in models]
+    return dict(zip(short if len(set(short)) == len(short) else models, models))
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--lengths must be comma-separated token counts such as 256,512,1024; got {text!r}.") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import methods  # noqa: F401  (fills METHODS)
 
@@ -78,6 +112,20 @@ def build_parser() -> argparse.ArgumentParser:
     d = commands.add_parser("demo", help="Patch the embedded real MiniLM (512 positions) and show it reads longer inputs.")
     d.add_argument("--max-length", type=int, default=2048, help="New length (default 2048).")
     d.set_defaults(run=_cmd_demo)
+
+    e = commands.add_parser("eval", help="Score models at each context length; write results.json and PNG plots.")
+    e.add_argument("models", nargs="+", metavar="MODEL", help="Hub ids or local folders (patched or stock).")
+    e.add_argument("--lengths", default="256,512,1024", help="Comma-separated context lengths (default 256,512,1024).")
+    e.add_argument("--data", default="posswap:austen-heldout", help="posswap:<split>, a .txt/.jsonl/.parquet file or a datasets name.")
+    e.add_argument("--out", default="report", help="Folder for results.json and the plots (default report/).")
+    e.add_argument("--tokenizer", default=None, help="Tokenizer (default: the first MODEL's).")
+    e.add_argument("--stride", type=int, default=None, help="Sliding-window perplexity with this stride (default: non-overlapping windows).")
+    e.add_argument("--beyond", choices=("truncate", "sliding"), default="truncate", help="How a model reads lengths past its own limit.")
+    e.add_argument("--max-tokens", type=int, default=8192, help="Tokens scored per model and length (default 8192).")
+    e.add_argument("--passkey-trials", type=int, default=3, help="Passkey keys per length and depth, causal LMs only (0: skip).")
+    e.add_argument("--passkey-depths", default="0,0.25,0.5,0.75,1", help="Comma-separated depths of the key (0 to 1).")
+    e.add_argument("--seed", type=int, default=0, help="Seed of the masks and keys (the same for every model).")
+    e.set_defaults(run=_cmd_eval)
     return parser
 
 

@@ -1,0 +1,65 @@
+"""The embedded corpus as ``datasets`` splits, and ``load_text_dataset`` for any ``--data`` value.
+
+Every split is a ``datasets.Dataset`` with one row per document (columns ``name`` and ``text``):
+documents are whole novels, and the evaluation harness tokenises them as one stream and cuts windows.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import datasets
+
+from . import read_document
+
+# Held out of every training split: evaluation text no recipe has trained on.
+HELDOUT_DOCUMENTS = ("persuasion",)
+AUSTEN_TRAIN_DOCUMENTS = ("emma", "mansfieldpark", "northangerabbey", "prideprejudice", "sensesensibility")
+
+SPLITS: dict[str, tuple[str, ...]] = {
+    "austen-train": AUSTEN_TRAIN_DOCUMENTS,
+    "train": AUSTEN_TRAIN_DOCUMENTS + ("kjv",),
+    "austen-heldout": HELDOUT_DOCUMENTS,
+    "kjv": ("kjv",),
+}
+EMBEDDED_PREFIX = "posswap:"
+_LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+def load_split(split: str) -> datasets.Dataset:
+    """One named split of the embedded corpus (``austen-train``, ``train``, ``austen-heldout``, ``kjv``)."""
+    if split not in SPLITS:
+        raise ValueError(
+            f"No embedded split {split!r}. Use one of: {', '.join(EMBEDDED_PREFIX + s for s in SPLITS)}."
+        )
+    names = SPLITS[split]
+    return datasets.Dataset.from_dict({"name": list(names), "text": [read_document(n) for n in names]})
+
+
+def load_text_dataset(spec: str, text_column: str = "text") -> datasets.Dataset:
+    """A dataset with a ``text`` column from ``spec``:
+
+    - ``posswap:<split>``: the embedded corpus (see :data:`SPLITS`);
+    - a local ``.txt`` (one document per file), ``.jsonl`` / ``.json`` or ``.parquet`` file;
+    - a ``datasets`` Hub name, ``NAME[:CONFIG][@SPLIT]`` (split ``test`` unless given), e.g.
+      ``wikitext:wikitext-2-raw-v1@test``. Remote code is never run.
+    """
+    if spec.startswith(EMBEDDED_PREFIX):
+        return load_split(spec[len(EMBEDDED_PREFIX):])
+    path = Path(spec)
+    if path.exists():
+        builder = _LOCAL_BUILDERS.get(path.suffix)
+        if builder is None:
+            raise ValueError(f"Cannot read {spec!r}: use a .txt, .jsonl, .json or .parquet file.")
+        options = {"sample_by": "document"} if builder == "text" else {}
+        dataset = datasets.load_dataset(builder, data_files=str(path), split="train", **options)
+    else:
+        name, _, split = spec.partition("@")
+        name, _, config = name.partition(":")
+        dataset = datasets.load_dataset(name, config or None, split=split or "test")
+    if text_column not in dataset.column_names:
+        raise ValueError(
+            f"{spec!r} has no {text_column!r} column (columns: {', '.join(dataset.column_names)}); "
+            "give a dataset with a text column."
+        )
+    return dataset

@@ -1,0 +1,194 @@
+"""``posswap.evaluate``: every model, every length, the same text and the same masks / keys."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..architectures import ARCHITECTURES
+from .causal import BEYOND, TokenLosses, sliding_losses, window_losses
+from .masked import mask_windows, masked_lm_scores, with_special_tokens
+from .passkey import DEPTHS, build_prompt, passkey_found, random_keys, shortest_prompt
+from .results import ModelResults, Results
+from .similarity import adjacent_similarity, learned_table
+from .stream import context_limit, token_stream, windows
+
+DEFAULT_DATA = "posswap:austen-heldout"
+POSITION_BUCKETS = 8
+
+
+def model_kind(model: nn.Module) -> str:
+    """``causal`` (decoder with an LM head), ``masked`` (encoder with an MLM head) or ``encoder`` (no head that
+    scores tokens: hidden states or a classifier, so only position maps can be shown)."""
+    config = model.config
+    arch = ARCHITECTURES.get(config.model_type)
+    causal = arch.causal if arch is not None else bool(getattr(config, "is_decoder", False))
+    if model.get_output_embeddings() is None:
+        return "encoder"
+    return "causal" if causal else "masked"
+
+
+def evaluate(
+    models: dict[str, Any],
+    tokenizer: Any = None,
+    lengths: list[int] = (256, 512, 1024),
+    data: Any = DEFAULT_DATA,
+    *,
+    stride: int | None = None,
+    beyond: str = "truncate",
+    max_tokens: int = 8192,
+    passkey_trials: int = 0,
+    passkey_depths: tuple[float, ...] = DEPTHS,
+    seed: int = 0,
+    out: str | Path | None = None,
+    progress: bool = True,
+) -> Results:
+    """Score ``models`` (name -> model, or a Hub id / folder loaded with :func:`posswap.from_pretrained`) at
+    each length in ``lengths`` on ``data`` (a ``--data`` string, see :func:`load_text_dataset`, or a list of
+    texts). ``max_tokens`` is the budget of scored tokens per model and length. With ``out``, also writes
+    ``results.json`` and the PNG plots there."""
+    from ..data.splits import load_text_dataset
+    from ..loading import from_pretrained
+    from .plots import plot_similarity, slug, write_plots  # here: `import posswap` need not load matplotlib
+
+    lengths = sorted({int(length) for length in lengths})
+    if not lengths or lengths[0] < 2:
+        raise ValueError(f"lengths must be at least 2 tokens each; got {lengths}.")
+    if beyond not in BEYOND:
+        raise ValueError(f"beyond must be one of {', '.join(BEYOND)}; got {beyond!r}.")
+    if stride is not None and stride < 1:
+        raise ValueError(f"stride must be a positive number of tokens; got {stride}.")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be positive; got {max_tokens}.")
+    if any(not 0.0 <= depth <= 1.0 for depth in passkey_depths):
+        raise ValueError(f"Passkey depths must lie between 0 and 1; got {list(passkey_depths)}.")
+    tokenizer = _tokenizer(tokenizer, models)
+    texts = load_text_dataset(data)["text"] if isinstance(data, str) else list(data)
+    stream = token_stream(texts, tokenizer, max(max_tokens, lengths[-1]), min_tokens=lengths[-1])
+
+    settings = dict(stride=stride, beyond=beyond, max_tokens=max_tokens, seed=seed, passkey_trials=passkey_trials)
+    results = Results(lengths=lengths, data=data if isinstance(data, str) else "<texts>", settings=settings)
+    for name, spec in models.items():
+        # One model in memory at a time: a stock model and its 4k variants need not fit together.
+        model = (from_pretrained(spec) if isinstance(spec, (str, Path)) else spec).eval()
+        kind = model_kind(model)
+        result = ModelResults(kind=kind, limit=context_limit(model))
+        vocab = getattr(model.config, "vocab_size", None)
+        if kind != "encoder" and vocab is not None and int(stream.max()) >= vocab:
+            raise ValueError(
+                f"The tokenizer gives ids up to {int(stream.max())} but {name} has a vocabulary of {vocab}: "
+                "pass the tokenizer the model was trained with (--tokenizer)."
+            )
+        if kind == "causal":
+            _score_causal(model, name, stream, lengths, result, stride, beyond, max_tokens, progress)
+            if passkey_trials > 0:
+                result.passkey = _passkey(model, name, tokenizer, lengths, result.limit, passkey_trials, passkey_depths, seed, progress)
+                result.metrics["passkey"] = [_mean(row) for row in result.passkey["accuracy"]]
+                if None in result.metrics["passkey"]:
+                    result.notes.append("passkey needs a few dozen tokens of prompt: '-' where a length is shorter.")
+        elif kind == "masked":
+            _score_masked(model, name, tokenizer, stream, lengths, result, seed, max_tokens, progress)
+        else:
+            result.notes.append(
+                f"{type(model).__name__} has no LM head: MLM loss needs one (save or load the checkpoint with "
+                "AutoModelForMaskedLM / AutoModelForCausalLM); only its position table is measured."
+            )
+        if kind == "masked" and beyond == "sliding" and result.limit is not None and lengths[-1] > result.limit:
+            result.notes.append("masked LMs read lengths past their limit in pieces (truncate); sliding is for causal LMs.")
+        table = learned_table(model) if model.config.model_type in ARCHITECTURES else None
+        if table is not None:  # says something even about an encoder with no head
+            result.metrics["adjacent_cos"] = [adjacent_similarity(table, length) for length in lengths]
+        results.models[name] = result
+        if out is not None and model.config.model_type in ARCHITECTURES:
+            plot_similarity(model, name, Path(out) / f"similarity_{slug(name)}.png")
+    if out is not None:
+        results.save(Path(out) / "results.json")
+        write_plots(results, Path(out))
+    return results
+
+
+def _tokenizer(tokenizer, models):
+    from transformers import AutoTokenizer
+
+    if tokenizer is None:
+        paths = [m for m in models.values() if isinstance(m, (str, Path))]
+        if not paths:
+            raise ValueError("Pass a tokenizer: no model was given as a path to load one from.")
+        tokenizer = paths[0]
+    return AutoTokenizer.from_pretrained(str(tokenizer)) if isinstance(tokenizer, (str, Path)) else tokenizer
+
+
+def _score_causal(model, name, stream, lengths, result, stride, beyond, max_tokens, progress):
+    losses, read_as, buckets = [], [], []
+    for length in tqdm(lengths, desc=f"{name}: perplexity", disable=not progress):
+        if stride is not None:
+            # The perplexity guide over the whole budget: windows of `length` (or the model's own, past it).
+            window = min(length, result.limit or length)
+            scored = sliding_losses(model, stream[: max(max_tokens, length)], window, min(stride, window))
+            how = f"stride {min(stride, window)}" + ("" if window == length else f" in {window}")
+            position = scored.context  # index in the stream means nothing: bucket by place in the window
+        else:
+            parts = [window_losses(model, w, result.limit, beyond, None) for w in windows(stream, length, max_tokens)]
+            scored, how = TokenLosses.cat([p[0] for p in parts]), parts[0][1]
+            position = scored.position
+        losses.append(scored.mean())
+        read_as.append(how)
+        buckets.append(_buckets(scored.nll, position, length))
+    result.metrics["loss"] = losses
+    result.metrics["ppl"] = [math.exp(v) if v < 700 else math.inf for v in losses]
+    result.metrics["read_as"] = read_as
+    result.per_position = buckets
+
+
+def _score_masked(model, name, tokenizer, stream, lengths, result, seed, max_tokens, progress):
+    special = tokenizer.num_special_tokens_to_add()
+    loss, accuracy, read_as, buckets = [], [], [], []
+    for length in tqdm(lengths, desc=f"{name}: masked LM", disable=not progress):
+        content = windows(stream, length - special, max_tokens)
+        masked = mask_windows([with_special_tokens(w, tokenizer) for w in content], tokenizer, seed)
+        scores, how = masked_lm_scores(model, masked, result.limit)
+        loss.append(scores.loss)
+        accuracy.append(scores.accuracy)
+        read_as.append(how)
+        buckets.append(_buckets(scores.nll, scores.position, length))
+    result.metrics.update(mlm_loss=loss, mlm_accuracy=accuracy, read_as=read_as)
+    result.per_position = buckets
+
+
+def _passkey(model, name, tokenizer, lengths, limit, trials, depths, seed, progress) -> dict:
+    keys = random_keys(trials, seed)  # the same keys for every model
+    shortest = shortest_prompt(tokenizer)
+    accuracy = []
+    with tqdm(total=len(lengths) * len(depths) * trials, desc=f"{name}: passkey", disable=not progress) as bar:
+        for length in lengths:
+            if length < shortest:  # too short to hold the prompt at all: not measured
+                accuracy.append([None for _ in depths])
+                bar.update(len(depths) * trials)
+                continue
+            row = []
+            for depth in depths:
+                found = 0
+                for key in keys:
+                    found += passkey_found(model, build_prompt(tokenizer, length, depth, key), limit)
+                    bar.update()
+                row.append(found / trials)
+            accuracy.append(row)
+    return {"depths": list(depths), "trials": trials, "accuracy": accuracy}
+
+
+def _buckets(nll: torch.Tensor, position: torch.Tensor, length: int) -> dict:
+    """Mean loss per equal-width position bucket of a ``length``-token window (None where nothing was scored)."""
+    edges = torch.linspace(0, length, POSITION_BUCKETS + 1)
+    index = torch.bucketize(position.float(), edges[1:-1], right=True)
+    loss = [nll[index == b].mean().item() if (index == b).any() else None for b in range(POSITION_BUCKETS)]
+    return {"edges": edges.tolist(), "loss": loss}
+
+
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
