@@ -96,6 +96,14 @@ def _int_list(text: str) -> list[int]:
         raise ValueError(f"--lengths must be comma-separated token counts such as 256,512,1024; got {text!r}.") from None
 
 
+def _cmd_train(args: argparse.Namespace) -> None:
+    from .training import load_recipe, train
+
+    recipe, raw = load_recipe(args.recipe, args.set)  # every key checked before anything is loaded or written
+    final = train(recipe, raw, resume=args.resume)
+    print(f"Trained model saved to {final}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import methods  # noqa: F401  (fills METHODS)
 
@@ -126,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--passkey-depths", default="0,0.25,0.5,0.75,1", help="Comma-separated depths of the key (0 to 1).")
     e.add_argument("--seed", type=int, default=0, help="Seed of the masks and keys (the same for every model).")
     e.set_defaults(run=_cmd_eval)
+
+    t = commands.add_parser("train", help="Continued pretraining at the new length from a YAML recipe (see recipes/).")
+    t.add_argument("recipe", help="Recipe YAML file.")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Override a recipe value, e.g. train.max_steps=200 (repeatable).")
+    t.add_argument("--resume", action="store_true", help="Continue from the latest checkpoint in train.output_dir.")
+    t.set_defaults(run=_cmd_train)
     return parser
 
 

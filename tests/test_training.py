@@ -1,0 +1,195 @@
+"""posswap train: loss goes down, resume is exact, LoRA merges, `positions` trains only positions, PoSE and
+curriculum, DDP on CPU, bad recipes write nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+import yaml
+from safetensors.torch import load_file
+
+import posswap
+from posswap.cli import main
+from posswap.data import GPT2_TOKENIZER_DIR
+from posswap.training import recipe_from_dict, train
+from posswap.training.objectives import pose_position_ids
+from posswap.training.recipe import load_recipe
+
+TEXT = (Path(__file__).parents[1] / "README.md").read_text() * 4
+
+
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory, minilm_path):
+    """A tiny GPT-2 with the GPT-2 tokenizer and a tiny BERT with MiniLM's tokenizer, saved as checkpoints."""
+    root = tmp_path_factory.mktemp("bases")
+    (root / "text.txt").write_text(TEXT)
+    gpt2_tok = transformers.AutoTokenizer.from_pretrained(GPT2_TOKENIZER_DIR)
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=len(gpt2_tok), n_positions=32)).save_pretrained(root / "gpt2")
+    gpt2_tok.save_pretrained(root / "gpt2")
+    bert_tok = transformers.AutoTokenizer.from_pretrained(minilm_path)
+    config = transformers.BertConfig(vocab_size=len(bert_tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=32)
+    transformers.BertForMaskedLM(config).save_pretrained(root / "bert")
+    bert_tok.save_pretrained(root / "bert")
+    return root
+
+
+def make_raw(bases: Path, out: Path, arch: str = "gpt2", method: str = "rope", **train) -> dict:
+    return {
+        "model": str(bases / arch),
+        "posswap": {"method": method, "max_length": 64},
+        "data": {"train": str(bases / "text.txt")},
+        "train": {"output_dir": str(out), "max_steps": 20, "batch_size": 2, "lr": 3e-3, "save_every": 10, "log_every": 1, **train},
+    }
+
+
+def run(raw: dict, **kwargs) -> Path:
+    return train(recipe_from_dict(raw), raw, **kwargs)
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run_dir / "log.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("arch,method", [("gpt2", "rope"), ("bert", "alibi"), ("gpt2", "interpolate")])
+def test_loss_goes_down_and_output_loads(bases, tmp_path, arch, method):
+    final = run(make_raw(bases, tmp_path / "run", arch, method))
+    curve = losses(tmp_path / "run")
+    assert len(curve) == 20
+    assert sum(curve[-5:]) / 5 < sum(curve[:5]) / 5
+    model = posswap.from_pretrained(str(final))
+    assert model.config.posswap["method"] == method
+    assert model.config.posswap["max_length"] == 64
+    assert transformers.AutoTokenizer.from_pretrained(final).model_max_length == 64
+
+
+class Interrupted(Exception):
+    pass
+
+
+def stop_at(step_to_stop: int):
+    def callback(step: int, loss: float) -> None:
+        if step == step_to_stop:
+            raise Interrupted  # as if the process were killed right after checkpoint 10
+    return callback
+
+
+@pytest.mark.parametrize("arch,method", [("gpt2", "rope"), ("bert", "alibi")])
+def test_resume_after_a_kill_gives_the_same_weights(bases, tmp_path, arch, method):
+    straight = run(make_raw(bases, tmp_path / "straight", arch, method, grad_accum=2))
+    raw = make_raw(bases, tmp_path / "resumed", arch, method, grad_accum=2)
+    with pytest.raises(Interrupted):
+        run(raw, callbacks=[stop_at(13)])  # three steps after checkpoint-10 are lost, as promised
+    assert (tmp_path / "resumed" / "checkpoint-10").is_dir()
+    assert not list((tmp_path / "resumed").glob("*.tmp"))
+    resumed = run(raw, resume=True)
+    a, b = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], atol=1e-5, rtol=0)
+    assert losses(tmp_path / "straight")[-1] == pytest.approx(losses(tmp_path / "resumed")[-1], abs=1e-5)
+
+
+def test_lora_run_merges_into_a_plain_model(bases, tmp_path):
+    final = run(make_raw(bases, tmp_path / "run", "gpt2", "interpolate", trainable="lora", train_norms=True, lr=1e-2))
+    weights = load_file(final / "model.safetensors")
+    assert not any("lora" in key for key in weights)
+    base = load_file(bases / "gpt2" / "model.safetensors")
+    assert not torch.equal(weights["transformer.h.0.attn.c_attn.weight"], base["transformer.h.0.attn.c_attn.weight"])  # LoRA merged
+    assert weights["transformer.wpe.weight"].shape[0] == 64
+    assert not torch.equal(weights["transformer.wpe.weight"][:32], base["transformer.wpe.weight"])  # table trained
+    assert torch.equal(weights["transformer.h.0.mlp.c_fc.weight"], base["transformer.h.0.mlp.c_fc.weight"])  # MLP frozen
+    assert type(posswap.from_pretrained(str(final))).__name__ == "GPT2LMHeadModel"
+
+
+def test_positions_run_changes_only_the_table(bases, tmp_path):
+    final = run(make_raw(bases, tmp_path / "run", "gpt2", "interpolate", trainable="positions", max_steps=5))
+    weights, base = load_file(final / "model.safetensors"), load_file(bases / "gpt2" / "model.safetensors")
+    changed = {k for k in base if k in weights and (weights[k].shape != base[k].shape or not torch.equal(weights[k], base[k]))}
+    assert changed == {"transformer.wpe.weight"}
+
+
+def test_positions_without_a_table_needs_norms(bases, tmp_path):
+    with pytest.raises(ValueError, match="no position parameters"):
+        run(make_raw(bases, tmp_path / "run", "gpt2", "rope", trainable="positions"))
+    final = run(make_raw(bases, tmp_path / "norms", "gpt2", "rope", trainable="positions", train_norms=True, max_steps=5))
+    weights, base = load_file(final / "model.safetensors"), load_file(bases / "gpt2" / "model.safetensors")
+    changed = {k for k in weights if not torch.equal(weights[k], base[k])}
+    assert changed and all(".ln_" in k for k in changed)
+
+
+def test_pose_position_ids_span_the_target_length():
+    torch.manual_seed(0)
+    ids = pose_position_ids(64, window=16, max_length=128, offset=2)
+    assert ids.shape == (64, 16)
+    assert (ids[:, 0] == 2).all() and (ids < 128 + 2).all()
+    assert ((ids[:, 1:] - ids[:, :-1]) >= 1).all()  # increasing, one jump
+    assert ids[:, -1].max() > 64  # reaches far beyond the window
+
+
+def test_pose_and_curriculum_runs(bases, tmp_path):
+    run(make_raw(bases, tmp_path / "pose", "gpt2", "rope", pose_window=16, max_steps=6))
+    run(make_raw(bases, tmp_path / "curriculum", "bert", "interpolate", curriculum=[32, 64], max_steps=6))
+    lengths = [json.loads(line)["length"] for line in (tmp_path / "curriculum" / "log.jsonl").read_text().splitlines()]
+    assert lengths == [32, 32, 32, 64, 64, 64]
+
+
+def test_two_process_ddp_on_cpu(bases, tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(make_raw(bases, tmp_path / "run", "gpt2", "rope", max_steps=4, save_every=2)))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    # The shipped DDP config; on a machine without GPUs accelerate runs it as MULTI_CPU over gloo.
+    config = Path(__file__).parents[1] / "recipes" / "accelerate" / "ddp.yaml"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "-m", "posswap", "train", str(recipe)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    state = json.loads((tmp_path / "run" / "checkpoint-2" / "state.json").read_text())
+    assert state["world_size"] == 2
+    assert (tmp_path / "run" / "checkpoint-2" / "rng-1.safetensors").exists()
+    assert posswap.from_pretrained(str(tmp_path / "run" / "model")).config.posswap["method"] == "rope"
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda r: r["train"].update(lerning_rate=1), "Unknown key.*train: lerning_rate"),
+        (lambda r: r.update(optimiser={}), "Unknown key.*recipe: optimiser"),
+        (lambda r: r.pop("model"), "needs model:"),
+        (lambda r: r["posswap"].update(max_length=-5), "max_length must be a positive integer"),
+        (lambda r: r["posswap"].update(max_length="4k"), "max_length must be a positive integer"),
+        (lambda r: r["train"].update(trainable="half"), "train.trainable must be one of"),
+        (lambda r: r["train"].update(pose_window=128), "pose_window"),
+    ],
+)
+def test_bad_recipe_is_refused_and_writes_nothing(bases, tmp_path, capsys, change, message):
+    raw = make_raw(bases, tmp_path / "run")
+    change(raw)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["train", str(path)]) == 2
+    assert __import__("re").search(message, capsys.readouterr().err)
+    assert not (tmp_path / "run").exists()
+
+
+def test_missing_model_folder_writes_nothing(bases, tmp_path, capsys):
+    raw = make_raw(bases, tmp_path / "run")
+    raw["model"] = str(tmp_path / "no-such-model")
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["train", str(path)]) == 2
+    assert not (tmp_path / "run").exists()
+
+
+def test_set_overrides_and_shipped_recipes_parse():
+    recipes = sorted((Path(__file__).parents[1] / "recipes").glob("*.yaml"))
+    assert len(recipes) >= 6
+    for path in recipes:
+        recipe, _ = load_recipe(path, ["train.max_steps=7", "posswap.max_length=4096"])
+        assert recipe.train.max_steps == 7 and recipe.max_length == 4096
