@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .evaluation.results import Results
+from .version import __version__
 
 CARD_MARKER = "<!-- posswap model card -->"  # lets a later push tell its own card from one the user wrote
 
@@ -158,7 +159,7 @@ def push_to_hub(
                 card = model_card(source, plots=[f"plots/{p.name}" for p in plots], repo_id=repo_id, **card_args)
             readme.write_text(card, encoding="utf-8")
 
-        api = HfApi()
+        api = HfApi(library_name="posswap", library_version=__version__)  # named in the user agent
         url = api.create_repo(repo_id, exist_ok=True, private=private, token=token)
         api.upload_folder(repo_id=url.repo_id, folder_path=folder, commit_message=commit_message, token=token)
     return str(url)
