@@ -35,6 +35,7 @@ def hub(tmp_path, monkeypatch):
         monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
         monkeypatch.setenv("HF_XET_CACHE", str(tmp_path / "hf_home" / "xet"))
         monkeypatch.setattr(huggingface_hub.constants, "AGENT_HARNESSES_PATH", str(tmp_path / "hf_home" / "agents.json"))
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
         yield server
         assert server.unknown == []
 
