@@ -5,6 +5,7 @@ from . import methods  # noqa: F401  (registers every method)
 from .architectures import ARCHITECTURES
 from .config import PositionConfig, config_from_dict
 from .evaluation import Results, evaluate
+from .hub import model_card, push_to_hub
 from .loading import from_pretrained
 from .methods.alibi import AlibiConfig
 from .methods.interpolate import InterpolateConfig
@@ -23,6 +24,8 @@ __all__ = [
     "config_from_dict",
     "evaluate",
     "from_pretrained",
+    "model_card",
     "patch",
     "patched_config",
+    "push_to_hub",
 ]

@@ -1,4 +1,4 @@
-"""``posswap patch|demo``: the command line. Method options come from the method config dataclasses, so a
+"""``posswap patch|demo|eval|push``: the command line. Method options come from the method config dataclasses, so a
 new method gets its flags by being registered."""
 
 from __future__ import annotations
@@ -83,6 +83,18 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     print(f"Wrote {args.out}/results.json and the plots.")
 
 
+def _cmd_push(args: argparse.Namespace) -> None:
+    from huggingface_hub.errors import HfHubHTTPError
+
+    from .hub import push_to_hub
+
+    try:
+        url = push_to_hub(args.folder, args.repo_id, results=args.results, plots=args.plots, private=args.private)
+    except HfHubHTTPError as error:  # the Hub's refusal (bad token, no write access) as a one-line CLI error
+        raise OSError(f"the Hub refused the upload: {error}") from None
+    print(f"Pushed {args.folder} to {url}")
+
+
 def _short_names(models: list[str]) -> dict[str, str]:
     """Table rows named by a folder's last part (``out/gpt2-rope-4k`` -> ``gpt2-rope-4k``) where unambiguous."""
     short = [Path(m).name if Path(m).exists() else m for m in models]
@@ -140,6 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Override a recipe value, e.g. train.max_steps=200 (repeatable).")
     t.add_argument("--resume", action="store_true", help="Continue from the latest checkpoint in train.output_dir.")
     t.set_defaults(run=_cmd_train)
+
+    h = commands.add_parser("push", help="Upload a saved patched model to the Hub with a posswap model card.")
+    h.add_argument("folder", metavar="FOLDER", help="Folder that save_pretrained (or posswap patch) wrote.")
+    h.add_argument("repo_id", metavar="REPO_ID", help="Hub repo, e.g. me/gpt2-rope-4k (created if missing).")
+    h.add_argument("--private", action="store_true", help="Create the repo as private.")
+    h.add_argument("--results", default=None, help="results.json from posswap eval: its table goes into the card.")
+    h.add_argument("--plots", nargs="*", default=(), metavar="PNG", help="Images to upload under plots/ and show in the card.")
+    h.set_defaults(run=_cmd_push)
     return parser
 
 

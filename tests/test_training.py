@@ -193,3 +193,23 @@ def test_set_overrides_and_shipped_recipes_parse():
     for path in recipes:
         recipe, _ = load_recipe(path, ["train.max_steps=7", "posswap.max_length=4096"])
         assert recipe.train.max_steps == 7 and recipe.max_length == 4096
+
+
+def test_run_ends_with_evaluation_and_a_push(bases, tmp_path, hub):
+    raw = make_raw(bases, tmp_path / "run", "gpt2", "rope", max_steps=4)
+    raw["eval"] = {"lengths": [32, 64], "data": str(bases / "text.txt"), "max_tokens": 128}
+    raw["push_to_hub"] = "me/tiny-gpt2-rope-64"
+    run(raw)
+    results = json.loads((tmp_path / "run" / "eval" / "results.json").read_text())
+    assert set(results["models"]) == {"original", "trained"}
+    files = hub.files("me/tiny-gpt2-rope-64")
+    assert files["model.safetensors"] == (tmp_path / "run" / "model" / "model.safetensors").read_bytes()
+    card = files["README.md"].decode()
+    assert "rope" in card and "32 -> 64" in card and "trained" in card and "4" in card
+
+
+def test_bad_repo_id_is_refused_before_training(bases, tmp_path):
+    raw = make_raw(bases, tmp_path / "run")
+    raw["push_to_hub"] = "not a repo id"
+    with pytest.raises(ValueError, match="push_to_hub: bad repo id"):
+        recipe_from_dict(raw)

@@ -68,6 +68,11 @@ def train(recipe: Recipe, raw: dict[str, Any] | None = None, resume: bool = Fals
         raise ValueError(f"{run_dir} already holds checkpoints: pass --resume to continue, or choose another train.output_dir.")
     if resume and latest_checkpoint(run_dir) is None:
         raise ValueError(f"--resume: no checkpoint in {run_dir} to resume from.")
+    if recipe.push_to_hub:
+        from huggingface_hub import get_token
+
+        if get_token() is None:  # found out now, not after the training
+            raise ValueError("push_to_hub is set but you are not logged in to the Hub: run `hf auth login` or set HF_TOKEN.")
 
     accelerator = Accelerator(
         # Without an accelerator, say so: then several processes run as MULTI_CPU over gloo (not one each).
@@ -186,4 +191,13 @@ def _evaluate(recipe: Recipe, model, tokenizer, run_dir: Path) -> None:
 
 
 def _push(recipe: Recipe, final_dir: Path, run_dir: Path) -> None:
-    raise NotImplementedError("push_to_hub is wired in with posswap.hub")
+    from ..hub import push_to_hub
+
+    results = run_dir / "eval" / "results.json"
+    url = push_to_hub(
+        final_dir, recipe.push_to_hub,
+        results=results if results.exists() else None, plots=sorted((run_dir / "eval").glob("*.png")),
+        base_model=None if Path(recipe.model).exists() or recipe.model.startswith("posswap:") else recipe.model,
+        data=recipe.data.train, steps=recipe.train.max_steps,
+    )
+    print(f"Pushed to {url}")

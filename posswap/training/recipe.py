@@ -152,6 +152,13 @@ def recipe_from_dict(raw: dict[str, Any]) -> Recipe:
         eval=_build(EvalSpec, raw.get("eval"), "eval"),
         push_to_hub=raw.get("push_to_hub"),
     )
+    if recipe.push_to_hub is not None:
+        from huggingface_hub.utils import validate_repo_id
+
+        try:
+            validate_repo_id(recipe.push_to_hub)
+        except ValueError as error:  # HFValidationError is a ValueError
+            raise ValueError(f"push_to_hub: bad repo id {recipe.push_to_hub!r}; use 'namespace/name'. ({error})") from None
     recipe.data.validate()
     recipe.train.validate(recipe.max_length)
     return recipe

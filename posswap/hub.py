@@ -1,0 +1,189 @@
+"""Share a patched model on the Hub: a model card that says what was patched and how it scores, and a push
+through the real ``huggingface_hub`` client (so ``HF_ENDPOINT``, ``HF_TOKEN`` and ``hf auth login`` apply).
+
+transformers' own ``model.push_to_hub`` keeps working (config.json carries the posswap block) but writes
+transformers' generic card, or keeps the card already on the repo. ``posswap.push_to_hub(model, ...)`` saves
+with ``save_pretrained`` into a temporary folder, adds the posswap card and uploads that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+from .evaluation.results import Results
+from .version import __version__
+
+CARD_MARKER = "<!-- posswap model card -->"  # lets a later push tell its own card from one the user wrote
+
+
+def model_card(
+    model_or_folder: Any,
+    results: Results | str | os.PathLike | None = None,
+    base_model: str | None = None,
+    data: str | None = None,
+    steps: int | None = None,
+    plots: Iterable[str] = (),
+    license: str | None = None,
+    repo_id: str | None = None,
+) -> str:
+    """A Hub model card (README.md text) for a patched model or the folder ``save_pretrained`` wrote.
+
+    ``results`` is a :class:`posswap.Results` or the path of its ``results.json``; ``plots`` are image paths
+    as they will be in the repo (``plots/ppl_vs_length.png``); ``repo_id`` goes into the loading snippet.
+    Sections without data are left out.
+    """
+    from huggingface_hub import ModelCard, ModelCardData
+
+    config = _config_dict(model_or_folder)
+    block = config.get("posswap")
+    if not block:
+        raise ValueError(
+            f"{_describe(model_or_folder)} has no 'posswap' block in its config: it is not a patched model. "
+            "Patch it with posswap.patch(model, ...) and save it with save_pretrained first."
+        )
+    base_model = base_model or _hub_id(config.get("_name_or_path") or getattr(model_or_folder, "name_or_path", None))
+    method = block["method"]
+    meta = ModelCardData(library_name="transformers", base_model=base_model, tags=["posswap", method], license=license)
+
+    name = (config.get("architectures") or ["AutoModel"])[0]
+    repo = json.dumps(repo_id or "<repo id>")
+    parameters = {k: v for k, v in block.items() if k not in ("method", "max_length", "original_length", "version")}
+    lines = [
+        CARD_MARKER,
+        f"# {base_model or config.get('model_type', 'model')} with {method} positions ({block['max_length']} tokens)",
+        "",
+        f"This {config.get('model_type', '')} checkpoint was patched with posswap"
+        f" {block.get('version', '')}: method `{method}`, context length {block.get('original_length', '?')}"
+        f" -> {block['max_length']} tokens.",
+        "",
+    ]
+    if parameters:
+        rows = [f"| `{k}` | {'default' if v is None else f'`{v}`'} |" for k, v in parameters.items()]
+        lines += ["| parameter | value |", "|---|---|", *rows, ""]
+    lines += ["## How to load it", "", "```python", "import posswap", "", f"model = posswap.from_pretrained({repo})", "```", ""]
+    if method == "interpolate":
+        # Only the table's size changed, so transformers alone rebuilds the same model.
+        lines += [
+            "Only the size of the position table changed, so plain transformers loads it too:",
+            "",
+            "```python",
+            f"from transformers import {name}",
+            "",
+            f"model = {name}.from_pretrained({repo})",
+            "```",
+            "",
+        ]
+    else:
+        lines += [f"Plain transformers would load the weights but not the {method} attention: use `posswap.from_pretrained`.", ""]
+    if data is not None or steps is not None:
+        lines += ["## Training", ""]
+        lines += [f"- data: {data}"] if data is not None else []
+        lines += [f"- steps: {steps}"] if steps is not None else []
+        lines += [""]
+    if results is not None:
+        results = results if isinstance(results, Results) else Results.load(results)
+        lines += ["## Evaluation", "", f"Data: {results.data}; context lengths {', '.join(map(str, results.lengths))}.", ""]
+        lines += ["```", results.table(), "```", ""]
+    plots = list(plots)
+    if plots:
+        lines += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots] + [""]
+    return str(ModelCard(f"---\n{meta.to_yaml()}\n---\n\n" + "\n".join(lines)))
+
+
+def push_to_hub(
+    source: Any,
+    repo_id: str,
+    *,
+    tokenizer: Any = None,
+    card: str | None = None,
+    results: Results | str | os.PathLike | None = None,
+    plots: Iterable[str | os.PathLike] = (),
+    base_model: str | None = None,
+    data: str | None = None,
+    steps: int | None = None,
+    license: str | None = None,
+    private: bool = False,
+    token: str | None = None,
+    commit_message: str = "Upload posswap model",
+) -> str:
+    """Upload a patched model with its card to ``repo_id``; return the repo URL.
+
+    ``source`` is a folder that ``save_pretrained`` wrote or a patched model (saved, with ``tokenizer`` if
+    given, to a temporary folder). A folder gets README.md (the card) and ``plots/`` written into it: ``card``
+    when given, else one made by :func:`model_card` unless the folder has a README.md posswap did not write.
+    """
+    from huggingface_hub import HfApi, get_token
+    from huggingface_hub.utils import validate_repo_id
+
+    # Everything that can fail locally fails before the first request.
+    try:
+        validate_repo_id(repo_id)
+    except ValueError as error:
+        raise ValueError(f"Bad repo id {repo_id!r}: use 'namespace/name', e.g. 'me/gpt2-rope-4k'. ({error})") from None
+    token = token or get_token()
+    if token is None:
+        raise ValueError("Not logged in to the Hub: run `hf auth login`, set HF_TOKEN, or pass token=...")
+    plots = [Path(p) for p in plots]
+    missing = [str(p) for p in plots if not p.is_file()]
+    if missing:
+        raise ValueError(f"Plot file(s) not found: {', '.join(missing)}.")
+    card_args = dict(results=results, base_model=base_model, data=data, steps=steps, license=license)
+
+    with tempfile.TemporaryDirectory(prefix="posswap-push-") as tmp:
+        if isinstance(source, (str, os.PathLike)):
+            folder = Path(source)
+            if not (folder / "config.json").is_file():
+                raise ValueError(f"{folder} has no config.json: pass a folder that save_pretrained wrote.")
+        else:
+            folder = Path(tmp)
+            source.save_pretrained(folder)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(folder)
+        readme = folder / "README.md"
+        ours = not readme.exists() or CARD_MARKER in readme.read_text(encoding="utf-8")
+        if card is None and not ours and (any(v is not None for v in card_args.values()) or plots):
+            raise ValueError(
+                f"{readme} was not written by posswap, so the results/plots would not reach the card: "
+                f"remove it, or pass card=posswap.model_card(...)."
+            )
+        for plot in plots:  # into the folder, so that the card's links resolve on the Hub
+            (folder / "plots").mkdir(exist_ok=True)
+            shutil.copyfile(plot, folder / "plots" / plot.name)
+        if card is not None or ours:
+            if card is None:
+                card = model_card(source, plots=[f"plots/{p.name}" for p in plots], repo_id=repo_id, **card_args)
+            readme.write_text(card, encoding="utf-8")
+
+        api = HfApi(library_name="posswap", library_version=__version__)  # named in the user agent
+        url = api.create_repo(repo_id, exist_ok=True, private=private, token=token)
+        api.upload_folder(repo_id=url.repo_id, folder_path=folder, commit_message=commit_message, token=token)
+    return str(url)
+
+
+def _config_dict(model_or_folder: Any) -> dict:
+    if isinstance(model_or_folder, (str, os.PathLike)):
+        path = Path(model_or_folder) / "config.json"
+        if not path.is_file():
+            raise ValueError(f"{model_or_folder} has no config.json: pass a folder that save_pretrained wrote.")
+        return json.loads(path.read_text())
+    config = getattr(model_or_folder, "config", None)
+    if config is None:
+        raise TypeError(f"Expected a transformers model or a folder, got {type(model_or_folder).__name__}.")
+    # architectures is only filled in by save_pretrained; the loading snippet needs the class now.
+    return {**config.to_dict(), "architectures": [type(model_or_folder).__name__]}
+
+
+def _hub_id(name: str | None) -> str | None:
+    """``gpt2`` or ``openai-community/gpt2`` are Hub ids; a local folder is not a base model to link to."""
+    if not name or os.path.exists(name) or name.count("/") > 1:
+        return None
+    return name
+
+
+def _describe(model_or_folder: Any) -> str:
+    return str(model_or_folder) if isinstance(model_or_folder, (str, os.PathLike)) else type(model_or_folder).__name__
