@@ -1,9 +1,12 @@
 """Speed and peak memory of a RoPE-patched GPT-2 against the stock model, in one run, as ratios.
 
     python benchmarks/bench_rope.py --lengths 256,512,1024 --repeats 3
+    python benchmarks/bench_rope.py --interleaved --lengths 256,512,1024   # time only, one process
 
-Each (model, length, pass) runs in its own subprocess so that its peak RSS (ru_maxrss) is its own; on a
-GPU the peak comes from torch.cuda.max_memory_allocated. Stock and patched are measured alternately.
+Default: each (model, length, pass) runs in its own subprocess so that its peak RSS (ru_maxrss) is its own;
+on a GPU the peak comes from torch.cuda.max_memory_allocated. --interleaved builds both models in one
+process and alternates them call by call (forward+backward), which cancels most machine noise: use it for
+the time ratio.
 """
 
 from __future__ import annotations
@@ -58,11 +61,30 @@ def measure(kind: str, length: int, mode: str, repeats: int, device: str) -> dic
     return {"seconds": min(times), "peak_bytes": peak}
 
 
+def interleaved(lengths: list[int], repeats: int, device: str) -> None:
+    models = {kind: build(kind, max(lengths), device).train() for kind in ("stock", "rope")}
+    print(f"GPT-2-small config, forward+backward, batch 1, device {device}, interleaved, best of {repeats}")
+    for length in lengths:
+        ids = torch.randint(0, 50257, (1, length), device=device)
+        times = {kind: [] for kind in models}
+        for _ in range(repeats + 1):  # the first round warms up
+            for kind, model in models.items():
+                start = time.perf_counter()
+                model(input_ids=ids, labels=ids).loss.backward()
+                model.zero_grad(set_to_none=True)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                times[kind].append(time.perf_counter() - start)
+        stock, rope = min(times["stock"][1:]), min(times["rope"][1:])
+        print(f"{length:>6}: stock {stock:.3f} s, rope {rope:.3f} s, ratio {rope / stock:.3f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="256,512,1024")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--interleaved", action="store_true", help="Time only: both models in one process, alternating.")
     parser.add_argument("--child", nargs=3, metavar=("KIND", "LENGTH", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -70,6 +92,9 @@ def main() -> None:
         print(json.dumps(measure(kind, int(length), mode, args.repeats, args.device)))
         return
 
+    if args.interleaved:
+        interleaved(list(map(int, args.lengths.split(","))), args.repeats, args.device)
+        return
     print(f"GPT-2-small config (12 x 768, 12 heads), batch 1, device {args.device}, best of {args.repeats}")
     print(f"{'length':>7} {'pass':>8} {'stock s':>9} {'rope s':>9} {'time ratio':>11} {'stock MiB':>10} {'rope MiB':>9} {'mem ratio':>10}")
     for length in map(int, args.lengths.split(",")):

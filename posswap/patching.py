@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from torch import nn
@@ -29,6 +30,7 @@ def patch(model: nn.Module, config: PositionConfig | dict[str, Any], tokenizer: 
     if not isinstance(config, PositionConfig):
         raise TypeError(f"config must be a posswap config (InterpolateConfig, ...) or a dict, got {type(config).__name__}.")
     config.validate()  # the dataclass may have been edited since it was built
+    config = dataclasses.replace(config)  # methods may record resolved choices (ALiBi's backend) on it: a copy
     spec = get_method(config.method)
     sites = find_sites(model)
     previous = getattr(model.config, CONFIG_KEY, None)

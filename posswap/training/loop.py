@@ -39,9 +39,9 @@ def load_patched_model(recipe: Recipe):
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_id(recipe.tokenizer or recipe.model))
     causal = AutoConfig.from_pretrained(name).model_type == "gpt2"
     model = from_pretrained(name, model_class=AutoModelForCausalLM if causal else AutoModelForMaskedLM)
-    if patched_config(model) != recipe.posswap:
+    if recipe.posswap is not None and patched_config(model) != recipe.posswap:
         patch(model, recipe.posswap, tokenizer=tokenizer)
-    tokenizer.model_max_length = recipe.max_length
+    tokenizer.model_max_length = find_sites(model).max_length
     if causal and tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer, causal
@@ -83,7 +83,8 @@ def train(recipe: Recipe, raw: dict[str, Any] | None = None, resume: bool = Fals
     )
     set_seed(t.seed)  # also makes a newly created MLM head the same in every run
     model, tokenizer, causal = load_patched_model(recipe)
-    offset = find_sites(model).offset
+    sites = find_sites(model)
+    offset, max_length = sites.offset, sites.max_length  # the patched length, or the model's own
     if t.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model = select_trainable(model, t.trainable, t.train_norms, t.lora)
@@ -105,9 +106,9 @@ def train(recipe: Recipe, raw: dict[str, Any] | None = None, resume: bool = Fals
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "recipe.yaml").write_text(yaml.safe_dump(raw or {}, sort_keys=False))
 
-    pose = (t.pose_window, recipe.max_length, offset) if t.pose_window else None
+    pose = (t.pose_window, max_length, offset) if t.pose_window else None
     prepare = batch_preparer(causal, tokenizer, t.mlm_probability, pose)
-    lengths = t.window_lengths(recipe.max_length)
+    lengths = t.window_lengths(max_length)
     bar = tqdm(total=t.max_steps, initial=step, disable=not accelerator.is_local_main_process, desc="train")
     log_path = run_dir / "log.jsonl"
     for stage, ((start, end), length) in enumerate(zip(stage_bounds(t.max_steps, len(lengths)), lengths)):

@@ -65,7 +65,7 @@ class TrainSpec:
         if not isinstance(self.lora, LoraSpec):
             self.lora = _build(LoraSpec, self.lora, "train.lora")
 
-    def validate(self, max_length: int) -> None:
+    def validate(self, max_length: int | None) -> None:
         for name in ("max_steps", "batch_size", "grad_accum", "save_every", "keep_checkpoints", "log_every"):
             check_positive_int(f"train.{name}", getattr(self, name))
         if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
@@ -79,13 +79,15 @@ class TrainSpec:
             raise ValueError(f"train.mlm_probability must be in (0, 1), got {self.mlm_probability!r}.")
         if self.pose_window is not None:
             check_positive_int("train.pose_window", self.pose_window)
+            if max_length is None:
+                raise ValueError("train.pose_window trains for posswap.max_length; the recipe has no posswap block.")
             if self.pose_window >= max_length:
                 raise ValueError(f"train.pose_window ({self.pose_window}) must be shorter than posswap.max_length ({max_length}).")
             if self.curriculum:
                 raise ValueError("train.pose_window and train.curriculum are two ways to reach the length; choose one.")
         for length in self.curriculum or []:
             check_positive_int("train.curriculum entries", length)
-            if length > max_length:
+            if max_length is not None and length > max_length:
                 raise ValueError(f"train.curriculum length {length} is longer than posswap.max_length ({max_length}).")
 
     def window_lengths(self, max_length: int) -> list[int]:
@@ -107,7 +109,7 @@ class EvalSpec:
 @dataclass
 class Recipe:
     model: str
-    posswap: PositionConfig
+    posswap: PositionConfig | None  # None: train the model as it is (baselines, pretraining)
     tokenizer: str | None = None
     data: DataSpec = field(default_factory=DataSpec)
     train: TrainSpec = field(default_factory=TrainSpec)
@@ -115,8 +117,9 @@ class Recipe:
     push_to_hub: str | None = None
 
     @property
-    def max_length(self) -> int:
-        return self.posswap.max_length
+    def max_length(self) -> int | None:
+        """The patched length, or None when the model keeps its own (``posswap: null``)."""
+        return self.posswap.max_length if self.posswap is not None else None
 
 
 def _build(cls: type, values: Any, where: str) -> Any:
@@ -142,11 +145,11 @@ def recipe_from_dict(raw: dict[str, Any]) -> Recipe:
     if not raw.get("model") or not isinstance(raw["model"], str):
         raise ValueError("The recipe needs model: (a Hub id or a local folder).")
     if "posswap" not in raw:
-        raise ValueError("The recipe needs a posswap: block, e.g. {method: rope, max_length: 4096}.")
+        raise ValueError("The recipe needs a posswap: block, e.g. {method: rope, max_length: 4096} (null: no patch).")
     recipe = Recipe(
         model=raw["model"],
         tokenizer=raw.get("tokenizer"),
-        posswap=config_from_dict(raw["posswap"]),
+        posswap=config_from_dict(raw["posswap"]) if raw["posswap"] is not None else None,
         data=_build(DataSpec, raw.get("data"), "data"),
         train=_build(TrainSpec, raw.get("train"), "train"),
         eval=_build(EvalSpec, raw.get("eval"), "eval"),
