@@ -64,6 +64,12 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _writable(bias: torch.Tensor, mask_shape: torch.Size) -> torch.Tensor:
+    """``bias`` itself when the mask broadcasts into it, else a copy of the broadcast shape."""
+    shape = torch.broadcast_shapes(bias.shape, mask_shape)
+    return bias if bias.shape == shape else bias.expand(shape).clone()
+
+
 def alibi_additive_mask(module, query, key, attention_mask, position_ids) -> torch.Tensor:
     """Bias plus mask as one float mask (batch or 1, heads, q, k) in the query's dtype; built once per forward."""
     state: AlibiState = module.posswap_alibi
@@ -79,10 +85,12 @@ def alibi_additive_mask(module, query, key, attention_mask, position_ids) -> tor
         attention_mask = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(k_len - q_len)
     if attention_mask is None:
         combined = bias
+    # In place on the fresh bias: at 4k tokens one (heads, n, n) tensor is hundreds of MiB, so no second one.
     elif attention_mask.dtype == torch.bool:
-        combined = torch.where(attention_mask, bias, lowest)
+        combined = _writable(bias, attention_mask.shape).masked_fill_(~attention_mask, lowest)
     else:  # additive float mask: clamp so that lowest + bias cannot overflow to -inf
-        combined = (bias + attention_mask[..., :k_len].to(query.dtype)).clamp_min(lowest)
+        mask = attention_mask[..., :k_len].to(query.dtype)
+        combined = _writable(bias, mask.shape).add_(mask).clamp_min_(lowest)
     state.cache[:] = [cache_key, combined]
     return combined
 

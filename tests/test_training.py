@@ -191,8 +191,12 @@ def test_set_overrides_and_shipped_recipes_parse():
     recipes = sorted((Path(__file__).parents[1] / "recipes").glob("*.yaml"))
     assert len(recipes) >= 6
     for path in recipes:
-        recipe, _ = load_recipe(path, ["train.max_steps=7", "posswap.max_length=4096"])
-        assert recipe.train.max_steps == 7 and recipe.max_length == 4096
+        patched = yaml.safe_load(path.read_text())["posswap"] is not None
+        recipe, _ = load_recipe(path, ["train.max_steps=7"] + (["posswap.max_length=4096"] if patched else []))
+        assert recipe.train.max_steps == 7
+        assert recipe.max_length == (4096 if patched else None)
+    with pytest.raises(ValueError, match="posswap.*not a block"):
+        load_recipe(Path(__file__).parents[1] / "recipes" / "reference-gpt2.yaml", ["posswap.max_length=4096"])
 
 
 def test_run_ends_with_evaluation_and_a_push(bases, tmp_path, hub):

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 import yaml
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, set_seed
+from accelerate.utils import DataLoaderConfiguration, DistributedType, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, get_cosine_schedule_with_warmup
@@ -81,6 +81,12 @@ def train(recipe: Recipe, raw: dict[str, Any] | None = None, resume: bool = Fals
         step_scheduler_with_optimizer=False,  # max_steps counts optimizer steps; the scheduler follows them
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=t.seed),
     )
+    if accelerator.distributed_type == DistributedType.FSDP and t.save_every < t.max_steps:
+        # Checkpoints hold whole tensors (safetensors) and an unsharded optimizer state: not FSDP's shards.
+        raise ValueError(
+            "Resumable checkpoints are not supported under FSDP yet: set train.save_every >= train.max_steps, "
+            "or train with the DDP config (recipes/accelerate/ddp.yaml)."
+        )
     set_seed(t.seed)  # also makes a newly created MLM head the same in every run
     model, tokenizer, causal = load_patched_model(recipe)
     sites = find_sites(model)
