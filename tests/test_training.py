@@ -217,3 +217,15 @@ def test_bad_repo_id_is_refused_before_training(bases, tmp_path):
     raw["push_to_hub"] = "not a repo id"
     with pytest.raises(ValueError, match="push_to_hub: bad repo id"):
         recipe_from_dict(raw)
+
+
+def test_streaming_local_jsonl(bases, tmp_path):
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps({"text": TEXT[i::3]}) + "\n" for i in range(3)))
+    raw = make_raw(bases, tmp_path / "run", "gpt2", "interpolate", max_steps=6, save_every=3)
+    raw["data"] = {"train": str(data), "streaming": True}
+    with pytest.raises(Interrupted):
+        run(raw, callbacks=[stop_at(4)])
+    final = run(raw, resume=True)
+    assert [json.loads(line)["step"] for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
+    assert posswap.from_pretrained(str(final)).config.posswap["method"] == "interpolate"

@@ -36,28 +36,34 @@ def load_split(split: str) -> datasets.Dataset:
     return datasets.Dataset.from_dict({"name": list(names), "text": [read_document(n) for n in names]})
 
 
-def load_text_dataset(spec: str, text_column: str = "text") -> datasets.Dataset:
+def load_text_dataset(
+    spec: str, text_column: str = "text", streaming: bool = False, default_split: str = "test"
+) -> datasets.Dataset | datasets.IterableDataset:
     """A dataset with a ``text`` column from ``spec``:
 
     - ``posswap:<split>``: the embedded corpus (see :data:`SPLITS`);
     - a local ``.txt`` (one document per file), ``.jsonl`` / ``.json`` or ``.parquet`` file;
-    - a ``datasets`` Hub name, ``NAME[:CONFIG][@SPLIT]`` (split ``test`` unless given), e.g.
+    - a ``datasets`` Hub name, ``NAME[:CONFIG][@SPLIT]`` (split ``default_split`` unless given), e.g.
       ``wikitext:wikitext-2-raw-v1@test``. Remote code is never run.
+
+    ``streaming`` gives an ``IterableDataset`` read as it is consumed (corpora larger than memory).
     """
     if spec.startswith(EMBEDDED_PREFIX):
-        return load_split(spec[len(EMBEDDED_PREFIX):])
+        split = load_split(spec[len(EMBEDDED_PREFIX):])
+        return split.to_iterable_dataset() if streaming else split
     path = Path(spec)
     if path.exists():
         builder = _LOCAL_BUILDERS.get(path.suffix)
         if builder is None:
             raise ValueError(f"Cannot read {spec!r}: use a .txt, .jsonl, .json or .parquet file.")
         options = {"sample_by": "document"} if builder == "text" else {}
-        dataset = datasets.load_dataset(builder, data_files=str(path), split="train", **options)
+        dataset = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=streaming, **options)
     else:
         name, _, split = spec.partition("@")
         name, _, config = name.partition(":")
-        dataset = datasets.load_dataset(name, config or None, split=split or "test")
-    if text_column not in dataset.column_names:
+        dataset = datasets.load_dataset(name, config or None, split=split or default_split, streaming=streaming)
+    # A streamed dataset may not know its columns before it is read (column_names is None then).
+    if dataset.column_names is not None and text_column not in dataset.column_names:
         raise ValueError(
             f"{spec!r} has no {text_column!r} column (columns: {', '.join(dataset.column_names)}); "
             "give a dataset with a text column."

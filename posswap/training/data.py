@@ -7,25 +7,14 @@ from __future__ import annotations
 from itertools import chain
 from typing import Any
 
-import datasets
-
 from ..data.splits import load_text_dataset
-
-
-def _stream_dataset(spec: str, text_column: str) -> datasets.IterableDataset:
-    name, _, split = spec.partition("@")
-    name, _, config = name.partition(":")
-    return datasets.load_dataset(name, config or None, split=split or "train", streaming=True)
 
 
 def packed_windows(spec: str, tokenizer: Any, length: int, text_column: str = "text", streaming: bool = False):
     """A dataset of ``{"input_ids": [length ints]}`` rows cut from ``spec``'s text."""
-    if streaming and not spec.startswith("posswap:"):
-        raw = _stream_dataset(spec, text_column)
-    else:
-        raw = load_text_dataset(spec, text_column=text_column)
+    raw = load_text_dataset(spec, text_column=text_column, streaming=streaming, default_split="train")
     separator = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
-    columns = raw.column_names
+    columns = raw.column_names or [text_column]
 
     def tokenize(batch: dict[str, list]) -> dict[str, list]:
         ids = tokenizer(batch[text_column], add_special_tokens=False, verbose=False)["input_ids"]

@@ -16,7 +16,7 @@ import torch
 import yaml
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, DistributedType, set_seed
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, get_cosine_schedule_with_warmup
 
@@ -108,15 +108,18 @@ def train(recipe: Recipe, raw: dict[str, Any] | None = None, resume: bool = Fals
         progress = load_checkpoint(checkpoint, accelerator.unwrap_model(model), optimizer, scheduler, accelerator.process_index, accelerator.num_processes)
         step = progress["step"]
         accelerator.print(f"Resumed from {checkpoint} at step {step}.")
-    elif accelerator.is_main_process:
+    log_path = run_dir / "log.jsonl"
+    if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "recipe.yaml").write_text(yaml.safe_dump(raw or {}, sort_keys=False))
+        # The log says what the weights went through: lines past the checkpoint (or of an old run) go.
+        kept = [line for line in (log_path.read_text().splitlines() if resume and log_path.exists() else []) if json.loads(line)["step"] <= step]
+        log_path.write_text("".join(line + "\n" for line in kept))
 
     pose = (t.pose_window, max_length, offset) if t.pose_window else None
     prepare = batch_preparer(causal, tokenizer, t.mlm_probability, pose)
     lengths = t.window_lengths(max_length)
     bar = tqdm(total=t.max_steps, initial=step, disable=not accelerator.is_local_main_process, desc="train")
-    log_path = run_dir / "log.jsonl"
     for stage, ((start, end), length) in enumerate(zip(stage_bounds(t.max_steps, len(lengths)), lengths)):
         if step >= end:
             continue
@@ -173,6 +176,12 @@ def train(recipe: Recipe, raw: dict[str, Any] | None = None, resume: bool = Fals
 
 def _batches(accelerator: Accelerator, loader, consumed: int):
     """Endless batches in a fixed order per epoch, starting ``consumed`` micro-batches in (resume)."""
+    if isinstance(loader.dataset, IterableDataset):  # streamed: no length, no shuffle; skip by counting
+        while True:
+            for index, batch in enumerate(loader):
+                if index >= consumed:
+                    yield batch
+            consumed = 0
     per_epoch = len(loader)
     if per_epoch == 0:
         raise ValueError("The training data has fewer windows than one batch per process; use more text or a smaller batch_size.")
