@@ -196,3 +196,19 @@ def test_minilm_2048_forward_and_backward(minilm_path):
     out.float().pow(2).mean().backward()
     assert torch.isfinite(out).all()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("model_type,head,targets", [("gpt2", "GPT2LMHeadModel", ["c_attn"]), ("bert", "BertModel", ["query", "key"])])
+def test_lora_update_is_rotated_too(model_type, head, targets):
+    from peft import LoraConfig, get_peft_model
+
+    model = posswap.patch(make_model(model_type, head), posswap.RopeConfig(max_length=NEW_LENGTH))
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=targets, fan_in_fan_out=model_type == "gpt2", init_lora_weights=False))
+    ids = token_ids(48)
+    with_lora = outputs(peft_model, ids)
+    # Merged weights through the plain projections must give the same outputs: the hooks followed the
+    # LoRA wrappers and rotated base + LoRA output together, and come back to the merged modules.
+    merged = peft_model.merge_and_unload()
+    torch.testing.assert_close(outputs(merged, ids), with_lora, atol=1e-5, rtol=1e-5)
+    shifted = merged(input_ids=ids, position_ids=torch.arange(48)[None] + 11)
+    torch.testing.assert_close(shifted[0], with_lora, atol=1e-4, rtol=1e-4)  # still relative
