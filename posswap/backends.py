@@ -11,7 +11,9 @@ from transformers import AttentionInterface
 from transformers.integrations.flex_attention import flex_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, flex_attention_mask
 
-BACKENDS = (None, "sdpa", "flex", "eager")
+from .config import check_choice
+
+BACKENDS = ("sdpa", "flex", "eager")  # the `backend` of RopeConfig and AlibiConfig; None: as loaded
 FLEX = "posswap_flex"
 
 AttentionInterface.register(FLEX, flex_attention_forward)
@@ -22,7 +24,13 @@ def _implementation(backend: str) -> str:
     return {"sdpa": "sdpa", "eager": "eager", "flex": FLEX}[backend]
 
 
-def check_backend(model: nn.Module, sites, backend: str | None) -> None:
+def validate_backend(backend: str | None) -> None:
+    if backend is not None:
+        check_choice("backend", backend, BACKENDS)
+
+
+def check_backend(model: nn.Module, backend: str | None) -> None:
+    """Before patching: can this model run ``backend``?"""
     if backend is None:
         return
     if backend == "flex":

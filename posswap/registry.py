@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
-
-if TYPE_CHECKING:
-    from .architectures import Sites
-    from .config import PositionConfig
+from typing import Callable
 
 
 @dataclass(frozen=True)

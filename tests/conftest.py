@@ -11,6 +11,7 @@ import pytest
 import torch
 import transformers
 
+import posswap
 from hub_server import HubStandIn
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
@@ -57,6 +58,31 @@ def token_ids(length: int, batch: int = 2, seed: int = 1) -> torch.Tensor:
 def outputs(model, ids: torch.Tensor) -> torch.Tensor:
     out = model(input_ids=ids)
     return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def snapshot(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}, model.config.to_dict(), dict(model._forward_pre_hooks)
+
+
+def assert_untouched(model, before):
+    state, config, hooks = before
+    after = model.state_dict()
+    assert after.keys() == state.keys()
+    assert all(torch.equal(after[k], v) for k, v in state.items())
+    assert model.config.to_dict() == config
+    assert dict(model._forward_pre_hooks) == hooks
+
+
+def reload_and_compare(model, tmp_path, length: int):
+    """Save ``model``, load it with posswap.from_pretrained, check the class and that the logits are identical
+    on ``length`` tokens; returns the loaded model for further checks."""
+    ids = token_ids(length)
+    expected = outputs(model, ids)
+    model.save_pretrained(tmp_path)
+    loaded = posswap.from_pretrained(str(tmp_path)).eval()
+    assert type(loaded) is type(model)
+    assert torch.equal(outputs(loaded, ids), expected)
+    return loaded
 
 
 @pytest.fixture(scope="session")

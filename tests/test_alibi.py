@@ -10,10 +10,9 @@ import torch
 import transformers
 
 import posswap
-from conftest import MODEL_IDS, MODELS, make_model, outputs, token_ids
+from conftest import MODEL_IDS, MODELS, assert_untouched, make_model, outputs, reload_and_compare, snapshot, token_ids
 from posswap.architectures import find_sites
 from posswap.functional import alibi_bias, alibi_slopes
-from test_errors import assert_untouched, snapshot
 
 NEW_LENGTH = 64
 
@@ -167,16 +166,11 @@ def test_keep_extends_the_table_by_copying():
 @pytest.mark.parametrize("model_type,head", [("gpt2", "GPT2LMHeadModel"), ("bert", "BertForMaskedLM"), ("roberta", "RobertaForMaskedLM")])
 def test_save_and_load_give_identical_logits(model_type, head, backend, absolute, tmp_path):
     model = patched(model_type, head, backend=backend, absolute=absolute)
-    ids = token_ids(NEW_LENGTH)
-    expected = outputs(model, ids)
-    model.save_pretrained(tmp_path)
-
-    loaded = posswap.from_pretrained(str(tmp_path)).eval()
+    loaded = reload_and_compare(model, tmp_path, NEW_LENGTH)
     assert type(loaded).__name__ == head
     assert loaded.config._attn_implementation == posswap.attention.ALIBI_IMPLEMENTATIONS[backend]
     assert loaded.config.posswap["backend"] == backend and loaded.config.posswap["absolute"] == absolute
     assert (find_sites(loaded).table is None) == (absolute == "drop")
-    assert torch.equal(outputs(loaded, ids), expected)
 
 
 def test_backend_defaults_to_how_the_model_was_loaded():

@@ -7,20 +7,7 @@ import torch
 import transformers
 
 import posswap
-from conftest import OLD_LENGTH, make_model, outputs, token_ids
-
-
-def snapshot(model):
-    return {k: v.clone() for k, v in model.state_dict().items()}, model.config.to_dict(), dict(model._forward_pre_hooks)
-
-
-def assert_untouched(model, before):
-    state, config, hooks = before
-    after = model.state_dict()
-    assert after.keys() == state.keys()
-    assert all(torch.equal(after[k], v) for k, v in state.items())
-    assert model.config.to_dict() == config
-    assert dict(model._forward_pre_hooks) == hooks
+from conftest import OLD_LENGTH, assert_untouched, make_model, outputs, snapshot, token_ids
 
 
 @pytest.mark.parametrize("bad", [0, -8, 2.5, "2048", True, None])

@@ -7,14 +7,13 @@ import json
 import huggingface_hub
 import pytest
 import torch
-import transformers
 
 import posswap
 from posswap import cli
 from posswap.evaluation.results import ModelResults, Results
 from posswap.hub import model_card, push_to_hub
 
-from conftest import TOKEN, make_model, token_ids
+from conftest import make_model, token_ids
 
 def patched_gpt2(method: str = "rope"):
     model = make_model("gpt2", "GPT2LMHeadModel")

@@ -9,7 +9,7 @@ import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import posswap
-from conftest import MODEL_IDS, MODELS, OLD_LENGTH, make_model, outputs, token_ids
+from conftest import MODEL_IDS, MODELS, OLD_LENGTH, assert_untouched, make_model, outputs, reload_and_compare, snapshot, token_ids
 from posswap.functional import apply_rotary, rope_frequencies, rotary_cos_sin
 
 NEW_LENGTH = 4 * OLD_LENGTH
@@ -70,11 +70,8 @@ def test_frequencies_are_transformers_own(scaling):
 @pytest.mark.parametrize("scaling", ["linear", "dynamic", "yarn"])
 def test_scaled_model_runs_and_round_trips(scaling, tmp_path):
     model = posswap.patch(make_model("gpt2", "GPT2LMHeadModel"), posswap.RopeConfig(max_length=NEW_LENGTH, scaling=scaling))
-    ids = token_ids(NEW_LENGTH)
-    expected = outputs(model, ids)
-    assert torch.isfinite(expected).all()
-    model.save_pretrained(tmp_path)
-    assert torch.equal(outputs(posswap.from_pretrained(str(tmp_path)).eval(), ids), expected)
+    assert torch.isfinite(outputs(model, token_ids(NEW_LENGTH))).all()
+    reload_and_compare(model, tmp_path, NEW_LENGTH)
 
 
 @pytest.mark.parametrize("absolute", ["drop", "keep"])
@@ -140,13 +137,9 @@ def test_rotary_dim_rotates_only_part_of_each_head():
 @pytest.mark.parametrize("absolute", ["drop", "keep"])
 def test_save_and_load_give_identical_logits(model_type, head, absolute, tmp_path):
     model = posswap.patch(make_model(model_type, head), posswap.RopeConfig(max_length=NEW_LENGTH, absolute=absolute))
-    ids = token_ids(NEW_LENGTH)
-    expected = outputs(model, ids)
-    model.save_pretrained(tmp_path)
-    loaded = posswap.from_pretrained(str(tmp_path)).eval()
+    loaded = reload_and_compare(model, tmp_path, NEW_LENGTH)
     assert type(loaded).__name__ == head
     assert loaded.config.posswap["absolute"] == absolute
-    assert torch.equal(outputs(loaded, ids), expected)
 
 
 def test_keep_extends_the_table_by_copy():
@@ -177,12 +170,15 @@ def test_bad_config(kwargs, message):
 
 def test_errors_leave_model_untouched():
     model = make_model("bert", "BertModel")  # head_dim 8
-    state = {k: v.clone() for k, v in model.state_dict().items()}
+    before = snapshot(model)
     with pytest.raises(ValueError, match="gives 10 of 8 head dims"):
         posswap.patch(model, posswap.RopeConfig(max_length=64, rotary_dim=10))
+    assert_untouched(model, before)
     posswap.patch(model, posswap.InterpolateConfig(max_length=64))
+    before = snapshot(model)
     with pytest.raises(ValueError, match="already patched with 'interpolate'"):
         posswap.patch(model, posswap.RopeConfig(max_length=64))
+    assert_untouched(model, before)
     assert isinstance(model.embeddings.position_embeddings, torch.nn.Embedding)
     assert not hasattr(model, "posswap_rotary")
 

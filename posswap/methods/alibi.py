@@ -10,12 +10,12 @@ from torch import nn
 
 from ..architectures import Sites
 from ..attention import ALIBI_IMPLEMENTATIONS, AlibiState
+from ..backends import check_backend, validate_backend
 from ..config import PositionConfig, check_choice
 from ..absolute import ABSOLUTE_CHOICES, apply_absolute, check_absolute, planned_table_weight
 from ..functional import alibi_slopes
 from ..registry import register_method
 
-BACKENDS = tuple(ALIBI_IMPLEMENTATIONS)
 
 
 @dataclass
@@ -40,8 +40,7 @@ class AlibiConfig(PositionConfig):
         if self.symmetric is not None and not isinstance(self.symmetric, bool):
             raise ValueError(f"symmetric must be true, false or None (from the architecture); got {self.symmetric!r}.")
         check_choice("absolute", self.absolute, ABSOLUTE_CHOICES)
-        if self.backend is not None:
-            check_choice("backend", self.backend, BACKENDS)
+        validate_backend(self.backend)
 
 
 def resolve_backend(model: nn.Module, config: AlibiConfig) -> str:
@@ -63,8 +62,7 @@ def check(model: nn.Module, sites: Sites, config: AlibiConfig) -> None:
             "ways. Leave symmetric unset (or true) for encoders."
         )
     check_absolute(sites, config.absolute)
-    if not model._can_set_attn_implementation():
-        raise ValueError(f"{type(model).__name__} cannot switch its attention implementation, so ALiBi cannot be added.")
+    check_backend(model, resolve_backend(model, config))
     # Raises (ValueError) if transformers would refuse the implementation for this model.
     model.get_correct_attn_implementation(ALIBI_IMPLEMENTATIONS[resolve_backend(model, config)])
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..absolute import ABSOLUTE_CHOICES, apply_absolute, check_absolute, planned_table_weight
 from ..architectures import Sites
-from ..backends import BACKENDS, check_backend, select_backend
+from ..backends import check_backend, select_backend, validate_backend
 from ..config import PositionConfig, check_choice
 from ..functional import apply_rotary, rope_frequencies, rotary_cos_sin
 from ..patching import patched_config
@@ -64,7 +64,7 @@ class RopeConfig(PositionConfig):
             if isinstance(self.factor, bool) or not isinstance(self.factor, (int, float)) or self.factor < 1:
                 raise ValueError(f"factor must be a number >= 1, got {self.factor!r}.")
         check_choice("absolute", self.absolute, ABSOLUTE_CHOICES)
-        check_choice("backend", self.backend, BACKENDS)
+        validate_backend(self.backend)
 
 
 class Rotary(nn.Module):
@@ -153,7 +153,7 @@ class RotaryAttentionHooks:
 
 def check(model: nn.Module, sites: Sites, config: RopeConfig) -> None:
     check_absolute(sites, config.absolute)
-    check_backend(model, sites, config.backend)
+    check_backend(model, config.backend)
     head_dim = model.config.hidden_size // model.config.num_attention_heads
     resolve_rotary_dim(config.rotary_dim, head_dim)
     if any(hasattr(a, "_posswap_rotary_hooks") for a in sites.self_attentions()) and patched_config(model) != config:

@@ -69,14 +69,19 @@ def save_checkpoint(run_dir: Path, step: int, model_state: dict, optimizer, sche
     return final
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
+def completed_checkpoints(run_dir: Path) -> list[Path]:
+    """``checkpoint-<step>`` folders, oldest first; ``.tmp`` folders (interrupted writes) are not among them."""
     done = [p for p in run_dir.glob(f"{PREFIX}*") if p.is_dir() and p.name[len(PREFIX):].isdigit()]
-    return max(done, key=lambda p: int(p.name[len(PREFIX):]), default=None)
+    return sorted(done, key=lambda p: int(p.name[len(PREFIX):]))
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    done = completed_checkpoints(run_dir)
+    return done[-1] if done else None
 
 
 def prune_checkpoints(run_dir: Path, keep: int) -> None:
-    done = sorted((p for p in run_dir.glob(f"{PREFIX}*") if p.name[len(PREFIX):].isdigit()), key=lambda p: int(p.name[len(PREFIX):]))
-    for old in done[:-keep]:
+    for old in completed_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
 
 
