@@ -116,6 +116,18 @@ def _cmd_train(args: argparse.Namespace) -> None:
     print(f"Trained model saved to {final}")
 
 
+def _cmd_study(args: argparse.Namespace) -> None:
+    import shlex
+
+    from .study import Study, select
+
+    specs = select(args.preset, args.base, args.variants.split(",") if args.variants else None, args.steps)  # checked first
+    work = Path(args.work or f"out/study-{args.preset}")
+    out = Path(args.out or ("results" if args.preset == "full" else work / "results"))
+    command = "posswap " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["study"] else "posswap study"
+    print(Study(specs, work, out, args.reference).run(command))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import methods  # noqa: F401  (fills METHODS)
 
@@ -152,6 +164,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Override a recipe value, e.g. train.max_steps=200 (repeatable).")
     t.add_argument("--resume", action="store_true", help="Continue from the latest checkpoint in train.output_dir.")
     t.set_defaults(run=_cmd_train)
+
+    s = commands.add_parser("study", help="The extension study: each method on each base, untrained and after an equal budget.")
+    s.add_argument("--preset", choices=("full", "mini"), default="full", help="full: both bases, six methods (results/); mini: one method on MiniLM, a few steps (<= 10 min on 2 CPU cores).")
+    s.add_argument("--base", action="append", choices=("gpt2", "minilm"), help="Only this base (repeatable; default: the preset's).")
+    s.add_argument("--variants", default=None, help="Comma-separated subset of copy,linear,cubic,rope,rope-yarn,alibi.")
+    s.add_argument("--steps", type=int, default=None, help="Training steps per variant (default: the preset's budget).")
+    s.add_argument("--reference", default=None, help="Folder of the reference GPT-2 (default: out/reference-gpt2/model, pretrained if missing).")
+    s.add_argument("--work", default=None, help="Folder for the trained runs (default out/study-PRESET); finished runs are reused.")
+    s.add_argument("--out", default=None, help="Folder for the results (default results/ for full, WORK/results for mini).")
+    s.set_defaults(run=_cmd_study)
 
     h = commands.add_parser("push", help="Upload a saved patched model to the Hub with a posswap model card.")
     h.add_argument("folder", metavar="FOLDER", help="Folder that save_pretrained (or posswap patch) wrote.")

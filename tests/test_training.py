@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 import posswap
 from posswap.cli import main
 from posswap.data import GPT2_TOKENIZER_DIR
+from posswap.study.reference import RECIPE as REFERENCE_RECIPE
 from posswap.training import recipe_from_dict, train
 from posswap.training.objectives import pose_position_ids
 from posswap.training.recipe import load_recipe
@@ -75,7 +76,7 @@ class Interrupted(Exception):
 
 
 def stop_at(step_to_stop: int):
-    def callback(step: int, loss: float) -> None:
+    def callback(step: int, loss: float, model) -> None:
         if step == step_to_stop:
             raise Interrupted  # as if the process were killed right after checkpoint 10
     return callback
@@ -188,15 +189,15 @@ def test_missing_model_folder_writes_nothing(bases, tmp_path, capsys):
 
 
 def test_set_overrides_and_shipped_recipes_parse():
-    recipes = sorted((Path(__file__).parents[1] / "recipes").glob("*.yaml"))
-    assert len(recipes) >= 6
+    recipes = sorted((Path(__file__).parents[1] / "recipes").glob("*.yaml")) + [REFERENCE_RECIPE]
+    assert len(recipes) >= 7
     for path in recipes:
         patched = yaml.safe_load(path.read_text())["posswap"] is not None
         recipe, _ = load_recipe(path, ["train.max_steps=7"] + (["posswap.max_length=4096"] if patched else []))
         assert recipe.train.max_steps == 7
         assert recipe.max_length == (4096 if patched else None)
     with pytest.raises(ValueError, match="posswap.*not a block"):
-        load_recipe(Path(__file__).parents[1] / "recipes" / "reference-gpt2.yaml", ["posswap.max_length=4096"])
+        load_recipe(REFERENCE_RECIPE, ["posswap.max_length=4096"])
 
 
 def test_run_ends_with_evaluation_and_a_push(bases, tmp_path, hub):

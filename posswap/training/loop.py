@@ -60,8 +60,9 @@ def stage_bounds(max_steps: int, stages: int) -> list[tuple[int, int]]:
 
 
 def train(recipe: Recipe, raw: dict[str, Any] | None = None, resume: bool = False, callbacks: list[Callable] = ()) -> Path:
-    """Run ``recipe``; returns the folder of the final model. ``callbacks`` get ``(step, loss)`` after each
-    optimizer step (and after its checkpoint)."""
+    """Run ``recipe``; returns the folder of the final model. ``callbacks`` are called after each
+    optimizer step (and after its checkpoint) as ``(step, loss, model)``: the unwrapped model, in train mode
+    (a callback that evaluates it puts it back)."""
     t = recipe.train
     run_dir = Path(t.output_dir)
     if not resume and latest_checkpoint(run_dir) is not None:
@@ -159,7 +160,7 @@ def train(recipe: Recipe, raw: dict[str, Any] | None = None, resume: bool = Fals
                 if accelerator.is_main_process:
                     prune_checkpoints(run_dir, t.keep_checkpoints)
             for callback in callbacks:
-                callback(step, mean_loss)
+                callback(step, mean_loss, accelerator.unwrap_model(model))
     bar.close()
 
     accelerator.wait_for_everyone()
