@@ -121,11 +121,11 @@ def _cmd_study(args: argparse.Namespace) -> None:
 
     from .study import Study, select
 
-    specs = select(args.preset, args.base, args.variants.split(",") if args.variants else None, args.steps)  # checked first
+    specs = select(args.preset, args.base, args.variants.split(",") if args.variants else None, args.steps, args.lr)  # checked first
     work = Path(args.work or f"out/study-{args.preset}")
     out = Path(args.out or ("results" if args.preset == "full" else work / "results"))
     command = "posswap " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["study"] else "posswap study"
-    print(Study(specs, work, out, args.reference).run(command))
+    print(Study(specs, work, out, args.reference).run(command, report_only=args.report_only))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -170,9 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--base", action="append", choices=("gpt2", "minilm"), help="Only this base (repeatable; default: the preset's).")
     s.add_argument("--variants", default=None, help="Comma-separated subset of copy,linear,cubic,rope,rope-yarn,alibi.")
     s.add_argument("--steps", type=int, default=None, help="Training steps per variant (default: the preset's budget).")
+    s.add_argument("--lr", type=float, default=None, help="Peak learning rate of the variants and the baseline (default: the preset's).")
     s.add_argument("--reference", default=None, help="Folder of the reference GPT-2 (default: out/reference-gpt2/model, pretrained if missing).")
     s.add_argument("--work", default=None, help="Folder for the trained runs (default out/study-PRESET); finished runs are reused.")
     s.add_argument("--out", default=None, help="Folder for the results (default results/ for full, WORK/results for mini).")
+    s.add_argument("--report-only", action="store_true", help="Rebuild summary.md and crossover.png from the saved results; train and score nothing.")
     s.set_defaults(run=_cmd_study)
 
     h = commands.add_parser("push", help="Upload a saved patched model to the Hub with a posswap model card.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -13,6 +14,7 @@ import transformers
 
 import posswap
 from hub_server import HubStandIn
+from posswap.data import GPT2_TOKENIZER_DIR
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
 OLD_LENGTH = 32  # tokens the tiny models read before patching
@@ -112,3 +114,22 @@ def hub(tmp_path, monkeypatch):
         monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
         yield server
         assert server.unknown == []
+
+
+TEXT = (Path(__file__).parents[1] / "README.md").read_text() * 4
+
+
+@pytest.fixture(scope="session")
+def bases(tmp_path_factory, minilm_path):
+    """A tiny GPT-2 with the GPT-2 tokenizer and a tiny BERT with MiniLM's tokenizer, saved as checkpoints."""
+    root = tmp_path_factory.mktemp("bases")
+    (root / "text.txt").write_text(TEXT)
+    gpt2_tok = transformers.AutoTokenizer.from_pretrained(GPT2_TOKENIZER_DIR)
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=len(gpt2_tok), n_positions=32)).save_pretrained(root / "gpt2")
+    gpt2_tok.save_pretrained(root / "gpt2")
+    bert_tok = transformers.AutoTokenizer.from_pretrained(minilm_path)
+    config = transformers.BertConfig(vocab_size=len(bert_tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=32)
+    transformers.BertForMaskedLM(config).save_pretrained(root / "bert")
+    bert_tok.save_pretrained(root / "bert")
+    return root

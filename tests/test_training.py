@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import TEXT
 import torch
 import transformers
 import yaml
@@ -17,30 +18,10 @@ from safetensors.torch import load_file
 
 import posswap
 from posswap.cli import main
-from posswap.data import GPT2_TOKENIZER_DIR
 from posswap.study.reference import RECIPE as REFERENCE_RECIPE
 from posswap.training import recipe_from_dict, train
 from posswap.training.objectives import pose_position_ids
 from posswap.training.recipe import load_recipe
-
-TEXT = (Path(__file__).parents[1] / "README.md").read_text() * 4
-
-
-@pytest.fixture(scope="module")
-def bases(tmp_path_factory, minilm_path):
-    """A tiny GPT-2 with the GPT-2 tokenizer and a tiny BERT with MiniLM's tokenizer, saved as checkpoints."""
-    root = tmp_path_factory.mktemp("bases")
-    (root / "text.txt").write_text(TEXT)
-    gpt2_tok = transformers.AutoTokenizer.from_pretrained(GPT2_TOKENIZER_DIR)
-    torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=len(gpt2_tok), n_positions=32)).save_pretrained(root / "gpt2")
-    gpt2_tok.save_pretrained(root / "gpt2")
-    bert_tok = transformers.AutoTokenizer.from_pretrained(minilm_path)
-    config = transformers.BertConfig(vocab_size=len(bert_tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=32)
-    transformers.BertForMaskedLM(config).save_pretrained(root / "bert")
-    bert_tok.save_pretrained(root / "bert")
-    return root
-
 
 def make_raw(bases: Path, out: Path, arch: str = "gpt2", method: str = "rope", **train) -> dict:
     return {

@@ -57,6 +57,8 @@ class BaseSpec:
     baseline: bool = True  # also train the original the same steps at its own length
     head_budget: Budget | None = None  # minilm: the MLM head trained at 512 first, shared by every variant
     multiples: tuple[int, ...] = MULTIPLES
+    train_data: str = TRAIN_DATA
+    heldout_data: str = HELDOUT_DATA
 
     @property
     def lengths(self) -> list[int]:
@@ -89,9 +91,11 @@ MINI = (
 PRESETS = {"full": FULL, "mini": MINI}
 
 
-def select(preset: str, bases: list[str] | None = None, variants: list[str] | None = None, steps: int | None = None) -> tuple[BaseSpec, ...]:
-    """A preset, narrowed to some bases and variants, with another step count if asked (checked here, before
-    anything trains)."""
+def select(
+    preset: str, bases: list[str] | None = None, variants: list[str] | None = None, steps: int | None = None, lr: float | None = None
+) -> tuple[BaseSpec, ...]:
+    """A preset, narrowed to some bases and variants, with another step count or learning rate if asked
+    (checked here, before anything trains)."""
     if preset not in PRESETS:
         raise ValueError(f"Unknown preset {preset!r}; choose from {', '.join(PRESETS)}.")
     specs = PRESETS[preset]
@@ -109,6 +113,10 @@ def select(preset: str, bases: list[str] | None = None, variants: list[str] | No
         if steps < 1:
             raise ValueError(f"--steps must be a positive number of optimizer steps; got {steps}.")
         specs = tuple(replace(spec, budget=replace(spec.budget, steps=steps, eval_every=min(spec.budget.eval_every, steps))) for spec in specs)
+    if lr is not None:
+        if not lr > 0:
+            raise ValueError(f"--lr must be a positive learning rate; got {lr}.")
+        specs = tuple(replace(spec, budget=replace(spec.budget, lr=lr)) for spec in specs)
     return specs
 
 

@@ -72,17 +72,21 @@ def base_summary(spec, step0: Results, after: Results, curves: dict, causal: boo
     if causal and any("passkey" in r.metrics for r in after.models.values()):
         lines += ["", f"Passkey accuracy after training ({spec.passkey_trials} keys × 5 depths per length):", "", *passkey_table(after)]
     target = curves["original_at_1x"]
+    baseline = dict(tuple(p) for p in curves["curves"].get("original trained", []))
     lines += [
         "", f"Crossover: held-out {curves['metric']} at {curves['length']} tokens (4x) during training, against the "
         f"original at {spec.length} (1x) on the same tokens: {target:.4f}.", "",
-        _row(["variant", "step 0"] + [f"step {s}" for s, _ in next(iter(curves["curves"].values()), [])] + ["first step below"]),
+        _row(["variant", "step 0"] + [f"step {s}" for s, _ in next(iter(curves["curves"].values()), [])]
+             + ["first step below the original at 1x", "first step below `original trained` at 1x, same step"]),
     ]
-    width = len(next(iter(curves["curves"].values()), [])) + 3
+    width = len(next(iter(curves["curves"].values()), [])) + 4
     lines.append(_row(["---"] * width))
     for name, curve in curves["curves"].items():
         start = curves["step0_at_4x"].get(name, target)
         found = 0 if start < target else crossover_step(curve, target)
-        lines.append(_row([name, f"{start:.4f}"] + [f"{loss:.4f}" for _, loss in curve] + [found if found is not None else f"not within {steps}"]))
+        fair = next((step for step, loss in curve if step in baseline and loss < baseline[step]), None)
+        fair_cell = "-" if name == "original trained" or not baseline else fair if fair is not None else f"not within {steps}"
+        lines.append(_row([name, f"{start:.4f}"] + [f"{loss:.4f}" for _, loss in curve] + [found if found is not None else f"not within {steps}", fair_cell]))
     return "\n".join(lines)
 
 

@@ -21,7 +21,7 @@ import yaml
 
 from ..evaluation import Results, evaluate
 from ..evaluation.plots import write_plots
-from .plan import EXTEND, HELDOUT_DATA, TRAIN_DATA, BaseSpec, Budget, variant_patch
+from .plan import EXTEND, HELDOUT_DATA, BaseSpec, Budget, variant_patch
 from .report import base_summary, curve_plot
 
 ORIGINAL = "original"
@@ -37,8 +37,8 @@ class CurveRecorder:
     """Training callback: held-out loss at ``length`` every ``every`` steps (the crossover curve). The global
     RNG is forked around the check, so dropout and MLM masks of the run are the same with or without it."""
 
-    def __init__(self, tokenizer, length: int, every: int, tokens: int, causal: bool):
-        self.tokenizer, self.length, self.every, self.tokens = tokenizer, length, every, tokens
+    def __init__(self, tokenizer, length: int, every: int, tokens: int, causal: bool, data: str = HELDOUT_DATA):
+        self.tokenizer, self.length, self.every, self.tokens, self.data = tokenizer, length, every, tokens, data
         self.metric = loss_metric(causal)
         self.points: list[tuple[int, float]] = []
 
@@ -47,7 +47,7 @@ class CurveRecorder:
             return
         model.eval()
         with torch.random.fork_rng(devices=[]):
-            scored = evaluate({"run": model}, self.tokenizer, [self.length], HELDOUT_DATA, max_tokens=self.tokens, progress=False)
+            scored = evaluate({"run": model}, self.tokenizer, [self.length], self.data, max_tokens=self.tokens, progress=False)
         model.train()
         self.points.append((step, scored.models["run"].metrics[self.metric][0]))
 
@@ -66,7 +66,7 @@ class Study:
         self.timings[key] = round(self.timings.get(key, 0.0) + time.perf_counter() - start, 1)
         return value
 
-    def _recipe(self, model: str, posswap: dict | None, output_dir: Path, budget: Budget, batch_size: int, window: int | None = None) -> dict:
+    def _recipe(self, spec: BaseSpec, model: str, posswap: dict | None, output_dir: Path, budget: Budget, batch_size: int, window: int | None = None) -> dict:
         train = {
             "output_dir": str(output_dir), "max_steps": budget.steps, "batch_size": batch_size, "lr": budget.lr,
             "warmup_steps": budget.warmup_steps, "weight_decay": 0.01, "trainable": "full",
@@ -74,7 +74,7 @@ class Study:
         }
         if window is not None and posswap is not None and window != posswap["max_length"]:
             train["curriculum"] = [window]  # patched to 8x, trained at 4x
-        return {"model": model, "posswap": posswap, "data": {"train": TRAIN_DATA}, "train": train, "eval": {"lengths": []}}
+        return {"model": model, "posswap": posswap, "data": {"train": spec.train_data}, "train": train, "eval": {"lengths": []}}
 
     def _train(self, raw: dict, curve: CurveRecorder | None) -> Path:
         """Train ``raw`` unless a finished run of the same recipe is there; returns its model folder."""
@@ -110,13 +110,13 @@ class Study:
             return self._timed("gpt2/reference", pretrain_reference)
         if spec.name == "minilm":  # MiniLM ships without an MLM head: train one at 512, shared by every variant
             head = spec.head_budget
-            raw = self._recipe("posswap:minilm", None, self.work / "minilm" / ORIGINAL, head, head.batch_size)
+            raw = self._recipe(spec, "posswap:minilm", None, self.work / "minilm" / ORIGINAL, head, head.batch_size)
             return self._timed("minilm/head", self._train, raw, None)
         raise ValueError(f"Unknown base {spec.name!r}.")
 
     def _score(self, spec: BaseSpec, models: dict, tokenizer, beyond: str) -> Results:
         return evaluate(
-            models, tokenizer, spec.lengths, HELDOUT_DATA, beyond=beyond, max_tokens=spec.eval_tokens,
+            models, tokenizer, spec.lengths, spec.heldout_data, beyond=beyond, max_tokens=spec.eval_tokens,
             passkey_trials=spec.passkey_trials,
         )
 
@@ -154,7 +154,7 @@ class Study:
         window = EXTEND * spec.length
         budget = spec.budget
         raws = {
-            name: self._recipe(str(original), variant_patch(name, spec.length), self.work / spec.name / name, budget, budget.batch_size, window)
+            name: self._recipe(spec, str(original), variant_patch(name, spec.length), self.work / spec.name / name, budget, budget.batch_size, window)
             for name in spec.variants
         }
 
@@ -169,12 +169,12 @@ class Study:
         curves: dict[str, list] = {}
         trained: dict[str, Path] = {}
         for name, raw in raws.items():
-            recorder = CurveRecorder(tokenizer, window, budget.eval_every, spec.eval_tokens, causal)
+            recorder = CurveRecorder(tokenizer, window, budget.eval_every, spec.eval_tokens, causal, spec.heldout_data)
             trained[name] = self._timed(f"{spec.name}/train {name}", self._train, raw, recorder)
             curves[name] = recorder.points
         if spec.baseline:  # the original, the same steps and tokens per step, at its own length
-            raw = self._recipe(str(original), None, self.work / spec.name / "baseline", budget, budget.batch_size * EXTEND)
-            recorder = CurveRecorder(tokenizer, spec.length, budget.eval_every, spec.eval_tokens, causal)
+            raw = self._recipe(spec, str(original), None, self.work / spec.name / "baseline", budget, budget.batch_size * EXTEND)
+            recorder = CurveRecorder(tokenizer, spec.length, budget.eval_every, spec.eval_tokens, causal, spec.heldout_data)
             trained[BASELINE] = self._timed(f"{spec.name}/train baseline", self._train, raw, recorder)
             curves[BASELINE] = recorder.points
 
@@ -190,12 +190,24 @@ class Study:
             "curves": curves,
         }
         (out / "curves.json").write_text(json.dumps(curve_data, indent=2) + "\n")
+        return self.report_base(spec)
+
+    def report_base(self, spec: BaseSpec) -> dict:
+        """The summary table and crossover plot of ``spec``, from the files its run saved under ``out``."""
+        out = self.out / spec.name
+        if not (out / "curves.json").exists():
+            raise ValueError(f"No finished study of {spec.name} in {out}: run posswap study without --report-only first.")
+        step0 = Results.load(out / "step0" / "results.json")
+        after = Results.load(out / "trained" / "results.json")
+        curve_data = json.loads((out / "curves.json").read_text())
         curve_plot(curve_data, out / "crossover.png")
-        summary = base_summary(spec, step0, after, curve_data, causal)
+        summary = base_summary(spec, step0, after, curve_data, causal=spec.name == "gpt2")
         (out / "summary.md").write_text(summary + "\n")
         return {"spec": asdict(spec), "summary": summary}
 
-    def run(self, command: str) -> str:
+    def run(self, command: str, report_only: bool = False) -> str:
+        if report_only:
+            return "\n\n".join(self.report_base(spec)["summary"] for spec in self.specs)
         started = time.perf_counter()
         summaries = [self.run_base(spec) for spec in self.specs]
         wall = time.perf_counter() - started

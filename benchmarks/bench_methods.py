@@ -1,10 +1,16 @@
-"""Time and peak memory of ALiBi-patched GPT-2 against stock GPT-2, measured in the same run.
+"""Tokens/s and peak memory of each posswap method against stock GPT-2, measured in the same run, as ratios.
 
-    python benchmarks/bench_alibi.py [--lengths 512 1024 2048 4096] [--layers 12] [--repeats 2] [--device cpu]
+    python benchmarks/bench_methods.py --size reference --lengths 256 512 1024 2048      # the study's table
+    python benchmarks/bench_methods.py --size small --variants stock alibi-sdpa alibi-flex --lengths 512 4096
 
-A GPT-2-small-like config (12 heads, 768 wide; --layers to shorten the run), random weights, batch 1, the
-bare transformer (GPT2Model: no LM head, whose cost would hide the attention). Variants:
+A GPT-2 config (--size reference: the study's 6 x 256, 8 heads, 8k vocabulary; small: GPT-2-small, 12 x 768;
+--layers to shorten), random weights, batch 1, the bare transformer (GPT2Model: no LM head, whose cost would
+hide the attention). Each patched variant starts from a table of length/4 positions (the study's 4x) and is
+patched to the length; stock is GPT-2 with a learned table of the full length, i.e. what the same model
+costs at that length without posswap. Variants:
   stock       GPT-2 with SDPA (is_causal, no mask tensor), learned table
+  copy        interpolate (copy): the same compute as stock by construction, measured to show it
+  rope        posswap RoPE (rotation in hooks on c_attn, table dropped); rope-yarn: YaRN factor 4
   alibi-sdpa  posswap ALiBi, bias added to SDPA's float mask
   alibi-flex  posswap ALiBi, bias in flex_attention's score_mod (torch.compile'd, compile time excluded);
               forward only on CPU: torch 2.13's flex_attention has no CPU backward
@@ -24,7 +30,8 @@ import sys
 import threading
 import time
 
-VARIANTS = ("stock", "alibi-sdpa", "alibi-flex")
+VARIANTS = ("stock", "copy", "rope", "rope-yarn", "alibi-sdpa", "alibi-flex")
+SIZES = {"reference": dict(n_layer=6, n_embd=256, n_head=8, vocab_size=8192), "small": dict(n_layer=12, n_embd=768, n_head=12)}
 MODES = ("fwd", "fwd+bwd")
 
 
@@ -56,17 +63,31 @@ class PeakRss:
         return self.peak - self.start
 
 
-def measure(variant: str, length: int, mode: str, layers: int, repeats: int, device: str) -> dict:
+def patch_config(variant: str, length: int):
+    import posswap
+
+    return {
+        "copy": posswap.InterpolateConfig(max_length=length, mode="copy"),
+        "rope": posswap.RopeConfig(max_length=length),
+        "rope-yarn": posswap.RopeConfig(max_length=length, scaling="yarn", factor=4.0),
+        "alibi-sdpa": posswap.AlibiConfig(max_length=length, backend="sdpa"),
+        "alibi-flex": posswap.AlibiConfig(max_length=length, backend="flex"),
+    }[variant]
+
+
+def measure(variant: str, length: int, mode: str, size: str, layers: int | None, repeats: int, device: str) -> dict:
     import torch
     import transformers
 
     import posswap
 
     torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=layers, n_embd=768, n_head=12, n_positions=length, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
+    shape = {**SIZES[size], **({"n_layer": layers} if layers else {})}
+    original = length if variant == "stock" else length // 4
+    config = transformers.GPT2Config(**shape, n_positions=original, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
     model = transformers.GPT2Model(config).to(device)
     if variant != "stock":
-        posswap.patch(model, posswap.AlibiConfig(max_length=length, backend=variant.split("-")[1]))
+        posswap.patch(model, patch_config(variant, length))
     model.train(mode == "fwd+bwd")
     ids = torch.randint(0, config.vocab_size, (1, length), device=device)
 
@@ -91,13 +112,14 @@ def measure(variant: str, length: int, mode: str, layers: int, repeats: int, dev
             step()
         times.append(time.perf_counter() - start)
         peak = torch.cuda.max_memory_allocated() - base if device == "cuda" else rss.delta
-    return {"time": statistics.median(times), "peak": peak}
+    return {"time": statistics.median(times), "peak": peak, "tokens_per_s": length / statistics.median(times)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
-    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--size", choices=sorted(SIZES), default="reference")
+    parser.add_argument("--layers", type=int, default=None, help="Fewer layers than the size has (shorter runs).")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
@@ -105,7 +127,7 @@ def main() -> None:
     args = parser.parse_args()
     if args._one:  # child process: one configuration
         variant, length, mode = args._one.split(",")
-        print(json.dumps(measure(variant, int(length), mode, args.layers, args.repeats, args.device)))
+        print(json.dumps(measure(variant, int(length), mode, args.size, args.layers, args.repeats, args.device)))
         return
 
     results = {}
@@ -114,8 +136,8 @@ def main() -> None:
             for variant in args.variants:
                 if variant == "alibi-flex" and mode == "fwd+bwd" and args.device == "cpu":
                     continue  # torch 2.13: "FlexAttention does not support backward on CPU"
-                command = [sys.executable, __file__, "--_one", f"{variant},{length},{mode}", "--layers", str(args.layers),
-                           "--repeats", str(args.repeats), "--device", args.device]
+                command = [sys.executable, __file__, "--_one", f"{variant},{length},{mode}", "--size", args.size,
+                           "--repeats", str(args.repeats), "--device", args.device] + (["--layers", str(args.layers)] if args.layers else [])
                 # Large blocks via mmap: freed memory goes back to the OS, so RSS follows live tensors.
                 env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
                 done = subprocess.run(command, capture_output=True, text=True, env=env)
@@ -127,9 +149,11 @@ def main() -> None:
                 print(f"  {variant:10s} {length:6d} {mode:8s} {r['time']:8.3f} s  {r['peak'] / 2**20:9.1f} MiB", file=sys.stderr, flush=True)
 
     mib = 2**20
-    print(f"\nGPT-2-small-like ({args.layers} layers, 12 heads, 768), batch 1, {args.device}, median of {args.repeats}; "
-          f"memory = {'CUDA max_memory_allocated' if args.device == 'cuda' else 'peak RSS delta'}")
-    print(f"{'length':>6} {'mode':8} {'variant':10} {'time s':>8} {'peak MiB':>9} {'time/stock':>10} {'mem/stock':>9}")
+    shape = {**SIZES[args.size], **({"n_layer": args.layers} if args.layers else {})}
+    print(f"\nGPT-2 {args.size} ({shape}), GPT2Model, batch 1, {args.device}, median of {args.repeats}; "
+          f"memory = {'CUDA max_memory_allocated' if args.device == 'cuda' else 'peak RSS delta'} during the call")
+    print("| length | pass | variant | tokens/s | peak MiB | speed / stock | memory / stock |")
+    print("|---|---|---|---|---|---|---|")
     for length in args.lengths:
         for mode in MODES:
             stock = results.get(("stock", length, mode))
@@ -137,9 +161,9 @@ def main() -> None:
                 r = results.get((variant, length, mode))
                 if r is None:
                     continue
-                t_ratio = f"{r['time'] / stock['time']:.2f}" if stock else "-"
-                m_ratio = f"{r['peak'] / stock['peak']:.2f}" if stock and stock["peak"] > 0 else "-"
-                print(f"{length:6d} {mode:8} {variant:10} {r['time']:8.3f} {r['peak'] / mib:9.1f} {t_ratio:>10} {m_ratio:>9}")
+                speed = f"{stock['time'] / r['time']:.2f}" if stock else "-"
+                memory = f"{r['peak'] / stock['peak']:.2f}" if stock and stock["peak"] > 0 else "-"
+                print(f"| {length} | {mode} | {variant} | {length / r['time']:,.0f} | {r['peak'] / mib:.1f} | {speed} | {memory} |")
 
 
 if __name__ == "__main__":
