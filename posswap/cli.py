@@ -121,7 +121,7 @@ def _cmd_study(args: argparse.Namespace) -> None:
 
     from .study import Study, select
 
-    specs = select(args.preset, args.base, args.variants.split(",") if args.variants else None, args.steps, args.lr)  # checked first
+    specs = select(args.preset, args.base, args.variants.split(",") if args.variants else None, args.steps, args.lr, not args.no_baseline)  # checked first
     work = Path(args.work or f"out/study-{args.preset}")
     out = Path(args.out or ("results" if args.preset == "full" else work / "results"))
     command = "posswap " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["study"] else "posswap study"
@@ -171,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--variants", default=None, help="Comma-separated subset of copy,linear,cubic,rope,rope-yarn,alibi.")
     s.add_argument("--steps", type=int, default=None, help="Training steps per variant (default: the preset's budget).")
     s.add_argument("--lr", type=float, default=None, help="Peak learning rate of the variants and the baseline (default: the preset's).")
+    s.add_argument("--no-baseline", action="store_true", help="Skip training the original the same steps at its own length.")
     s.add_argument("--reference", default=None, help="Folder of the reference GPT-2 (default: out/reference-gpt2/model, pretrained if missing).")
     s.add_argument("--work", default=None, help="Folder for the trained runs (default out/study-PRESET); finished runs are reused.")
     s.add_argument("--out", default=None, help="Folder for the results (default results/ for full, WORK/results for mini).")

@@ -61,7 +61,7 @@ def test_summary_shows_before_after_and_the_crossover_step():
               "curves": {"copy": [(2, 5.2), (4, 4.7)], "original trained": [(2, 4.95), (4, 4.9)]}}
     text = base_summary(spec, step0, after, curves, causal=True)
     assert "| copy | 5.000 → 4.500 | 6.000 → 4.600 | 7.000 → 4.700 | 8.000 → 5.500 |" in text
-    assert "| original | 5.000 | 5.000 | 5.000 | 5.000 |" in text  # the same object before and after: one value
+    assert "| original | 5.000 | 5.000 | 5.000 | 5.000 |" in text  # the same result before and after: one value
     assert "| copy | 7.0000 | 5.2000 | 4.7000 | 4 | 4 |" in text  # below the original at step 4; below the trained one at 4
     assert crossover_step([(2, 5.2), (4, 4.7)], 5.0) == 4
     assert crossover_step([(2, 5.2)], 5.0) is None

@@ -52,7 +52,7 @@ def plot_metric_vs_length(results: Results, metric: str, path: Path) -> Path | N
     axes.set_ylabel(metric)
     if metric == "ppl":
         axes.set_yscale("log")
-    axes.legend()
+    axes.legend(fontsize=8)
     return _save(figure, path)
 
 
@@ -74,7 +74,7 @@ def plot_per_position(results: Results, path: Path) -> Path | None:
         return None
     axes.set_xlabel("position in the window")
     axes.set_ylabel("loss")
-    axes.legend()
+    axes.legend(fontsize=8)
     return _save(figure, path)
 
 

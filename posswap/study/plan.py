@@ -92,7 +92,8 @@ PRESETS = {"full": FULL, "mini": MINI}
 
 
 def select(
-    preset: str, bases: list[str] | None = None, variants: list[str] | None = None, steps: int | None = None, lr: float | None = None
+    preset: str, bases: list[str] | None = None, variants: list[str] | None = None, steps: int | None = None,
+    lr: float | None = None, baseline: bool = True,
 ) -> tuple[BaseSpec, ...]:
     """A preset, narrowed to some bases and variants, with another step count or learning rate if asked
     (checked here, before anything trains)."""
@@ -117,6 +118,8 @@ def select(
         if not lr > 0:
             raise ValueError(f"--lr must be a positive learning rate; got {lr}.")
         specs = tuple(replace(spec, budget=replace(spec.budget, lr=lr)) for spec in specs)
+    if not baseline:
+        specs = tuple(replace(spec, baseline=False) for spec in specs)
     return specs
 
 

@@ -38,7 +38,7 @@ def metric_table(spec, step0: Results, after: Results, metric: str) -> list[str]
         cells = []
         for i in range(len(lengths)):
             now = _fmt(last.metrics[metric][i])
-            if first is None or first is last:
+            if first is None or first == last:  # the originals are scored once: one value
                 cells.append(now)
             else:
                 cells.append(f"{_fmt(first.metrics[metric][i])} → {now}")
@@ -65,7 +65,7 @@ def base_summary(spec, step0: Results, after: Results, curves: dict, causal: boo
         f"Held-out {'perplexity' if causal else 'MLM loss (nats)'} on *Persuasion* ({spec.eval_tokens:,} tokens per length), "
         f"untrained → after {steps} steps ({tokens:,} training tokens). `original` reads past its limit in pieces"
         + ("; `original (sliding)` and every variant past its own limit read with a sliding window." if causal else "; so does every variant past its own limit.")
-        + f" `original trained` is the original trained the same {steps} steps at {spec.length} tokens.",
+        + (f" `original trained` is the original trained the same {steps} steps at {spec.length} tokens." if spec.baseline else ""),
         "",
         *metric_table(spec, step0, after, metric),
     ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import platform
+import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -41,6 +42,7 @@ class CurveRecorder:
         self.tokenizer, self.length, self.every, self.tokens, self.data = tokenizer, length, every, tokens, data
         self.metric = loss_metric(causal)
         self.points: list[tuple[int, float]] = []
+        self.path: Path | None = None  # set by the run: each point is written as it comes, to watch a long run
 
     def __call__(self, step: int, loss: float, model) -> None:
         if step % self.every:
@@ -50,6 +52,9 @@ class CurveRecorder:
             scored = evaluate({"run": model}, self.tokenizer, [self.length], self.data, max_tokens=self.tokens, progress=False)
         model.train()
         self.points.append((step, scored.models["run"].metrics[self.metric][0]))
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(json.dumps(self.points) + "\n")
 
 
 class Study:
@@ -89,10 +94,13 @@ class Study:
             print(f"posswap study: {run_dir} already trained with this recipe; reusing it.")
             return run_dir / "model"
         recipe = recipe_from_dict(raw)
-        final = train(recipe, raw, callbacks=[curve] if curve is not None else [])
+        # An older run's model must go first: a crash of this one would otherwise leave it beside this recipe.
+        shutil.rmtree(run_dir / "model", ignore_errors=True)
         if curve is not None:
-            curve_file.write_text(json.dumps(curve.points) + "\n")
-        return final
+            curve.path = curve_file
+            curve_file.parent.mkdir(parents=True, exist_ok=True)
+            curve_file.write_text("[]\n")  # not an older run's points
+        return train(recipe, raw, callbacks=[curve] if curve is not None else [])
 
     def original(self, spec: BaseSpec) -> Path:
         """The model every variant of ``spec`` starts from."""
