@@ -11,6 +11,7 @@ where it stopped.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shutil
 import time
@@ -239,6 +240,6 @@ def hardware() -> dict:
     if torch.cuda.is_available():
         description = torch.cuda.get_device_name(0)
     return {
-        "description": description, "cpu_count": __import__("os").cpu_count(), "torch_threads": torch.get_num_threads(),
+        "description": description, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
     }
