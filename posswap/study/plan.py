@@ -68,7 +68,7 @@ class BaseSpec:
 FULL = (
     BaseSpec(
         name="gpt2", length=256, eval_tokens=16384, passkey_trials=2,
-        # batch 1: on CPU one 1024-window step runs at ~1,050 tokens/s, two at ~480 (allocation of the logits)
+        # batch 1: on 2 CPU cores one 1024-token window trains at ~1,050 tokens/s, a batch of four at ~480 (the logits)
         budget=Budget(steps=150, batch_size=1, lr=3e-4, warmup_steps=10, eval_every=25),
     ),
     BaseSpec(
