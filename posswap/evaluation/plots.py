@@ -22,7 +22,7 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "model"
 
 
-def _save(figure, path: Path) -> Path:
+def save_figure(figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
@@ -53,7 +53,7 @@ def plot_metric_vs_length(results: Results, metric: str, path: Path) -> Path | N
     if metric == "ppl":
         axes.set_yscale("log")
     axes.legend(fontsize=8)
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
 def plot_per_position(results: Results, path: Path) -> Path | None:
@@ -75,7 +75,7 @@ def plot_per_position(results: Results, path: Path) -> Path | None:
     axes.set_xlabel("position in the window")
     axes.set_ylabel("loss")
     axes.legend(fontsize=8)
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
 def plot_passkey(results: Results, name: str, path: Path) -> Path | None:
@@ -91,7 +91,7 @@ def plot_passkey(results: Results, name: str, path: Path) -> Path | None:
     axes.set_ylabel("depth of the key")
     axes.set_title(f"passkey accuracy: {name} ({passkey['trials']} trials)")
     figure.colorbar(image)
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
 def plot_similarity(model, name: str, path: Path) -> Path:

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from ..evaluation import Results
-from ..evaluation.plots import _save, plt
+from ..evaluation.plots import plt, save_figure
 
 NAMES = {"gpt2": "Reference GPT-2", "minilm": "MiniLM (all-MiniLM-L6-v2 + MLM head)"}
 
@@ -100,4 +100,4 @@ def curve_plot(curves: dict, path: Path) -> Path:
     axes.set_xlabel("training steps")
     axes.set_ylabel(f"held-out {curves['metric']} (variants at 4x; 'original trained' at 1x)")
     axes.legend(fontsize=8)
-    return _save(figure, Path(path))
+    return save_figure(figure, Path(path))
