@@ -1,33 +1,16 @@
-"""What RoPE and ALiBi do with the learned table they replace: ``drop`` it or ``keep`` it (extended)."""
+"""What RoPE and ALiBi do with the learned table they replace: ``drop`` it or ``keep`` it (extended).
+
+Dropping happens at run time (``portable/posswap_runtime.py``: saved models drop it again when built);
+keeping an extended table is a weight change, made here."""
 
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from .architectures import Sites
 from .config import check_choice
 
 ABSOLUTE_CHOICES = ("drop", "keep")
-
-
-class NoPositions(nn.Module):
-    """Stands where the learned table was and adds nothing.
-
-    The embeddings code still calls the table, so it cannot simply be deleted; a module without parameters
-    (rather than a table frozen at zero) leaves DDP no unused parameter and the checkpoint no dead weight.
-    """
-
-    def __init__(self, dim: int):
-        super().__init__()
-        self.dim = dim
-
-    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
-        # A zero that broadcasts: embeddings + 0 costs one add, never a (batch, length, dim) table read.
-        return torch.zeros((), device=position_ids.device)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim} (learned table dropped by posswap)"
 
 
 def check_absolute(sites: Sites, absolute: str) -> None:
@@ -48,11 +31,8 @@ def planned_table_weight(sites: Sites, absolute: str, max_length: int) -> torch.
     return None
 
 
-def apply_absolute(sites: Sites, absolute: str, new_weight: torch.Tensor | None) -> None:
+def keep_table(sites: Sites, new_weight: torch.Tensor | None) -> None:
     from .methods.interpolate import replace_table_weight
 
-    if absolute == "drop":
-        if sites.table is not None:
-            setattr(sites.owner, sites.arch.table, NoPositions(sites.table.embedding_dim))
-    elif new_weight is not None:
+    if new_weight is not None:
         replace_table_weight(sites.table, new_weight)

@@ -1,27 +1,17 @@
 """Which attention kernel a patched model runs: the ``backend`` option of RoPE and ALiBi.
 
-transformers 5 refuses ``attn_implementation="flex_attention"`` for GPT-2, so posswap registers
-transformers' own flex attention function and flex mask under its own name, which any model can use.
+The kernels themselves are registered in ``portable/posswap_attention.py`` (``posswap_flex`` is transformers'
+own flex attention under a name GPT-2 accepts); this checks a choice before anything changes.
 """
 
 from __future__ import annotations
 
 from torch import nn
-from transformers import AttentionInterface
-from transformers.integrations.flex_attention import flex_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, flex_attention_mask
 
 from .config import check_choice
+from .portable.posswap_attention import PLAIN_IMPLEMENTATIONS
 
-BACKENDS = ("sdpa", "flex", "eager")  # the `backend` of RopeConfig and AlibiConfig; None: as loaded
-FLEX = "posswap_flex"
-
-AttentionInterface.register(FLEX, flex_attention_forward)
-AttentionMaskInterface.register(FLEX, flex_attention_mask)  # without it no mask is built
-
-
-def _implementation(backend: str) -> str:
-    return {"sdpa": "sdpa", "eager": "eager", "flex": FLEX}[backend]
+BACKENDS = tuple(PLAIN_IMPLEMENTATIONS)  # the `backend` of RopeConfig and AlibiConfig; None: as loaded
 
 
 def validate_backend(backend: str | None) -> None:
@@ -40,8 +30,3 @@ def check_backend(model: nn.Module, backend: str | None) -> None:
             raise ValueError("backend='flex' needs torch's flex_attention (torch >= 2.5); use 'sdpa'.")
     if not model._can_set_attn_implementation():
         raise ValueError(f"{type(model).__name__} cannot switch its attention implementation; leave backend unset.")
-
-
-def select_backend(model: nn.Module, backend: str | None) -> None:
-    if backend is not None:
-        model.set_attn_implementation(_implementation(backend))

@@ -1,4 +1,5 @@
-"""``posswap.from_pretrained``: load a checkpoint that ``save_pretrained`` wrote from a patched model."""
+"""``posswap.from_pretrained``: load a checkpoint that ``save_pretrained`` wrote from a patched model, and the
+Auto-class registration that lets transformers load posswap-<type> folders wherever posswap is imported."""
 
 from __future__ import annotations
 
@@ -10,8 +11,18 @@ from typing import Any
 
 import transformers
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from .patching import patch, patched_config
+from .patching import CONFIG_KEY, patch, patched_config
+from .portable.modeling_posswap import (
+    AUTO_HEADS,
+    CONFIG_CLASSES,
+    MODEL_CLASSES,
+    MODEL_TYPE_PREFIX,
+    PosswapConfigMixin,
+    PosswapModelMixin,
+)
+from .portable.posswap_runtime import RUNTIME_METHODS
 
 # from_pretrained arguments that say where the files are; the rest are for the model only.
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "force_download", "subfolder")
@@ -41,31 +52,65 @@ def resolve_model_id(name_or_path: str) -> str:
 
 
 def from_pretrained(name_or_path: str, model_class: type[PreTrainedModel] | None = None, **kwargs: Any) -> PreTrainedModel:
-    """Load ``name_or_path`` (a folder or a Hub id) and re-apply the patch its config records.
+    """Load ``name_or_path`` (a folder or a Hub id) with the patch its config records.
 
     The class is the one the checkpoint was saved from (``config.architectures``, e.g. ``GPT2LMHeadModel``)
-    unless ``model_class`` is given (``AutoModelForMaskedLM``, ...). ``kwargs`` go to transformers'
-    ``from_pretrained`` (``dtype``, ``device_map``, ``attn_implementation``, ``revision`` ...).
+    unless ``model_class`` is given (``AutoModelForMaskedLM``, ``BertForMaskedLM``, ...). A RoPE or ALiBi
+    checkpoint loads as posswap's subclass of it (``PosswapGPT2LMHeadModel``), which installs the method before
+    the weights load: the class ``trust_remote_code=True`` gives where posswap is not installed. ``kwargs`` go
+    to transformers' ``from_pretrained`` (``dtype``, ``device_map``, ``attn_implementation``, ``revision`` ...).
     A checkpoint without a posswap block loads as the stock model.
     """
     name_or_path = resolve_model_id(name_or_path)
     config = AutoConfig.from_pretrained(name_or_path, **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs})
-    cls = model_class or _saved_class(config)
+    block = getattr(config, CONFIG_KEY, None)
+    runtime = isinstance(block, dict) and block.get("method") in RUNTIME_METHODS
+    if runtime and not isinstance(config, PosswapConfigMixin):  # saved before model_type posswap-<type>
+        config.__class__ = CONFIG_CLASSES[config.model_type]
+    cls = _model_class(config, model_class, runtime)
     model = cls.from_pretrained(name_or_path, config=config, **kwargs)
     position_config = patched_config(model)
-    if position_config is not None:
-        # The config already holds the new length, so nothing is resized: this re-installs what the
-        # method adds at run time (length guard, attention functions) and drops what it drops.
+    if position_config is not None and not runtime:
+        # interpolate: the config already holds the new length, so this only re-installs the length guard.
         patch(model, position_config)
     return model
 
 
+def _model_class(config, model_class: type | None, runtime: bool) -> type[PreTrainedModel]:
+    if model_class is None:
+        model_class = _saved_class(config)
+    if not (isinstance(model_class, type) and (issubclass(model_class, PreTrainedModel) or _is_auto_class(model_class))):
+        raise TypeError(f"model_class must be a transformers model class such as AutoModelForMaskedLM, got {model_class!r}.")
+    if runtime and issubclass(model_class, PreTrainedModel) and not issubclass(model_class, PosswapModelMixin):
+        if model_class.__name__ not in MODEL_CLASSES:
+            raise ValueError(f"{model_class.__name__} is not a {config.model_type} model class; pick one for this checkpoint.")
+        return MODEL_CLASSES[model_class.__name__]
+    return model_class  # an Auto class finds posswap's subclass itself (registered below)
+
+
+def _is_auto_class(cls: type) -> bool:
+    return hasattr(cls, "_model_mapping")
+
+
 def _saved_class(config) -> type[PreTrainedModel]:
     for name in getattr(config, "architectures", None) or []:
-        cls = getattr(transformers, name, None)
+        cls = getattr(transformers, name.removeprefix("Posswap"), None)
         if isinstance(cls, type) and issubclass(cls, PreTrainedModel):
             return cls
     return AutoModel
+
+
+def _register_auto_classes() -> None:
+    """Where posswap is imported, transformers' Auto classes load posswap-<type> folders without
+    trust_remote_code, with the same classes the folder carries."""
+    for model_type, config_class in CONFIG_CLASSES.items():
+        CONFIG_MAPPING.register(MODEL_TYPE_PREFIX + model_type, config_class, exist_ok=True)
+        for auto_name, table in AUTO_HEADS.items():
+            if model_type in table:
+                getattr(transformers, auto_name).register(config_class, MODEL_CLASSES[table[model_type]], exist_ok=True)
+
+
+_register_auto_classes()
 
 
 def load_model_and_tokenizer(name_or_path: str, **kwargs: Any):

@@ -9,8 +9,10 @@ from torch import nn
 
 from .architectures import assign_buffers, find_sites, resized_position_buffers
 from .config import PositionConfig, config_from_dict
-from .guard import install_length_guard
+from .portable.modeling_posswap import CONFIG_CLASSES
+from .portable.posswap_runtime import RUNTIME_METHODS, install_positions
 from .registry import get_method
+from .transaction import model_transaction
 from .version import __version__
 
 # Key of the block that save_pretrained writes into config.json.
@@ -43,15 +45,20 @@ def patch(model: nn.Module, config: PositionConfig | dict[str, Any], tokenizer: 
         raise TypeError(f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}.")
     spec.check(model, sites, config)
 
-    # Everything below changes the model; allocations come first so a failure leaves it as it was.
+    # Everything below changes the model; allocations come first, and any failure puts everything back.
     rows = config.max_length + sites.offset
     buffers = resized_position_buffers(sites, rows)
     original_length = previous["original_length"] if previous else sites.max_length
-    spec.apply(model, sites, config)
-    assign_buffers(sites.owner, buffers)
-    model.config.max_position_embeddings = rows
-    setattr(model.config, CONFIG_KEY, {**config.to_dict(), "original_length": original_length, "version": __version__})
-    install_length_guard(sites.base, sites.offset)
+    with model_transaction(model):
+        spec.apply(model, sites, config)  # weights: the table resized or kept
+        assign_buffers(sites.owner, buffers)
+        model.config.max_position_embeddings = rows
+        block = {**config.to_dict(), "original_length": original_length, "version": __version__}
+        setattr(model.config, CONFIG_KEY, block)
+        if config.method in RUNTIME_METHODS:
+            # Saved, the folder says posswap-<type> and carries the code that runs the method (modeling_posswap).
+            model.config.__class__ = CONFIG_CLASSES[sites.arch.model_type]
+        install_positions(model, block)  # run time: what a saved model's own class installs when built
     if tokenizer is not None:
         tokenizer.model_max_length = config.max_length
     return model

@@ -1,6 +1,6 @@
 """``alibi``: attention with linear biases (Press et al.) in every self-attention layer, in place of (or on
-top of) the learned table. The bias is added by posswap's attention functions (``posswap/attention.py``),
-registered with transformers' attention and mask interfaces."""
+top of) the learned table. The bias is added by posswap's attention functions
+(``portable/posswap_attention.py``, carried by saved models), registered with transformers' interfaces."""
 
 from __future__ import annotations
 
@@ -9,14 +9,11 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..architectures import Sites
-from ..attention import ALIBI_IMPLEMENTATIONS, AlibiState
+from ..absolute import ABSOLUTE_CHOICES, check_absolute, keep_table, planned_table_weight
 from ..backends import check_backend, validate_backend
 from ..config import PositionConfig, check_choice
-from ..absolute import ABSOLUTE_CHOICES, apply_absolute, check_absolute, planned_table_weight
-from ..functional import alibi_slopes
+from ..portable.posswap_attention import ALIBI_IMPLEMENTATIONS
 from ..registry import register_method
-
-
 
 @dataclass
 class AlibiConfig(PositionConfig):
@@ -68,27 +65,11 @@ def check(model: nn.Module, sites: Sites, config: AlibiConfig) -> None:
 
 
 def apply(model: nn.Module, sites: Sites, config: AlibiConfig) -> None:
-    backend = resolve_backend(model, config)
-    symmetric = (not sites.arch.causal) if config.symmetric is None else config.symmetric
-    attentions = sites.self_attentions()
-    slopes = alibi_slopes(model.config.num_attention_heads)
-    state = AlibiState(symmetric=symmetric)
-    new_weight = planned_table_weight(sites, config.absolute, config.max_length)
-
-    # Mutations only from here.
-    for attention in attentions:
-        device = next(attention.parameters()).device
-        attention.register_buffer("alibi_slopes", slopes.to(device), persistent=False)  # rebuilt at patch time
-        attention.posswap_alibi = state
-    apply_absolute(sites, config.absolute, new_weight)
-    old_hook = getattr(sites.base, "_posswap_alibi_hook", None)
-    if old_hook is not None:
-        old_hook.remove()
-    # The per-forward bias cache is emptied when the base model's forward ends (also on errors).
-    sites.base._posswap_alibi_hook = sites.base.register_forward_hook(state.clear, always_call=True)
-    model.set_attn_implementation(ALIBI_IMPLEMENTATIONS[backend])
-    # Recorded in the saved posswap block so that posswap.from_pretrained picks the same kernel.
-    config.backend = backend
+    """The weight change only (a kept table grows by copy); posswap.patch then installs the bias
+    (``portable/posswap_attention.py``), as a saved model's own class does when it is built."""
+    keep_table(sites, planned_table_weight(sites, config.absolute, config.max_length))
+    # Recorded in the saved posswap block so that a loaded model picks the same kernel.
+    config.backend = resolve_backend(model, config)
 
 
 register_method(AlibiConfig, check, apply)

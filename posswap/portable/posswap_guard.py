@@ -1,10 +1,12 @@
 """A clear error for inputs longer than a patched model reads, instead of an IndexError (CPU) or a device
-assert (CUDA) from inside ``nn.Embedding``. Installed on the base model by :func:`posswap.patch`."""
+assert (CUDA) from inside ``nn.Embedding``. Installed on the base model by :func:`posswap.patch`
+and by the classes of saved models. Travels with saved models, so it imports nothing from posswap."""
 
 from __future__ import annotations
 
 import inspect
 
+import torch
 from torch import nn
 
 
@@ -20,6 +22,7 @@ class LengthGuard:
         rows = module.config.max_position_embeddings
         position_ids = bound.get("position_ids")
         if position_ids is not None:
+            _check_position_ids(position_ids)
             # Explicit ids (generate, packing, PoSE) already include any offset.
             if position_ids.numel() and int(position_ids.max()) >= rows:
                 self._fail(module, int(position_ids.max()) + 1 - self.offset)
@@ -41,6 +44,15 @@ class LengthGuard:
             f"tokens. Truncate the input, or raise the limit with posswap.patch(model, "
             f"posswap.InterpolateConfig(max_length=...)) (or RopeConfig / AlibiConfig) before running it."
         )
+
+
+def _check_position_ids(position_ids) -> None:
+    # A rotation or a bias takes any number, so a float or negative id would run and give wrong outputs.
+    if not isinstance(position_ids, torch.Tensor) or position_ids.is_floating_point() or position_ids.is_complex():
+        kind = position_ids.dtype if isinstance(position_ids, torch.Tensor) else type(position_ids).__name__
+        raise ValueError(f"position_ids must be an integer tensor (torch.long), got {kind}.")
+    if position_ids.numel() and int(position_ids.min()) < 0:
+        raise ValueError(f"position_ids must be >= 0, got {int(position_ids.min())}.")
 
 
 def install_length_guard(base: nn.Module, offset: int) -> None:

@@ -5,8 +5,11 @@ A method switches a model to one of them with ``model.set_attn_implementation(na
 its attention modules stay transformers' own. The functions are called after the KV-cache update, with
 ``query``/``key``/``value`` of shape (batch, heads, length, head_dim).
 
-ALiBi: every patched self-attention module carries ``alibi_slopes`` (a non-persistent buffer) and
-``posswap_alibi`` (an :class:`AlibiState` shared by the layers of one model).
+ALiBi: every patched self-attention module carries ``posswap_alibi``, an :class:`AlibiState` shared by the
+layers of one model. ``posswap_flex`` is transformers' own flex attention under a name any model may use
+(transformers 5 refuses ``flex_attention`` for GPT-2): RoPE's ``backend="flex"``.
+
+It travels with saved models (``posswap/portable``), so it imports nothing from posswap.
 """
 
 from __future__ import annotations
@@ -22,10 +25,13 @@ from transformers.integrations.flex_attention import compile_friendly_flex_atten
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, flex_attention_mask, sdpa_mask
 
-from .functional import alibi_bias
+from .posswap_functional import alibi_bias, alibi_slopes
+from .posswap_hooks import remove_hooks
 
 # backend -> registered name. No name contains "flex_attention": transformers refuses that for GPT-2.
 ALIBI_IMPLEMENTATIONS = {"sdpa": "posswap_alibi_sdpa", "flex": "posswap_alibi_flex", "eager": "posswap_alibi_eager"}
+FLEX = "posswap_flex"
+PLAIN_IMPLEMENTATIONS = {"sdpa": "sdpa", "flex": FLEX, "eager": "eager"}  # backend -> name, for RoPE
 
 
 @dataclass
@@ -35,10 +41,20 @@ class AlibiState:
     layer); a hook on the base model empties it when the forward ends."""
 
     symmetric: bool
+    num_heads: int
     cache: list[Any] = field(default_factory=list)  # [(mask, position_ids, q_len, k_len, dtype), bias_mask]
+    # fp32 slopes per device, made on first use: never a buffer, so neither the meta device of transformers'
+    # loading nor model.to(torch.bfloat16) touches them.
+    _slopes: dict = field(default_factory=dict)
 
     def clear(self, *args: Any) -> None:
         self.cache.clear()
+
+    def slopes(self, device) -> torch.Tensor:
+        device = torch.device(device)
+        if device not in self._slopes:
+            self._slopes[device] = alibi_slopes(self.num_heads).to(device)
+        return self._slopes[device]
 
 
 def _distances_from_positions(position_ids: torch.Tensor | None, q_len: int, k_len: int) -> bool:
@@ -49,7 +65,7 @@ def _distances_from_positions(position_ids: torch.Tensor | None, q_len: int, k_l
 
 
 def _bias(module: torch.nn.Module, q_len: int, k_len: int, position_ids: torch.Tensor | None, device) -> torch.Tensor:
-    slopes = module.alibi_slopes
+    slopes = module.posswap_alibi.slopes(device)
     if _distances_from_positions(position_ids, q_len, k_len):
         positions = position_ids.to(device)
         return alibi_bias(slopes, positions, positions, module.posswap_alibi.symmetric)  # (b, h, q, k)
@@ -130,7 +146,7 @@ def alibi_flex_attention(module, query, key, value, attention_mask, dropout: flo
         raise ValueError("ALiBi backend 'flex' needs the BlockMask transformers builds; got a tensor mask. Use backend='sdpa'.")
     if attention_mask is None and module.is_causal and q_len > 1:
         attention_mask = flex_attention_mask(batch, q_len, k_len, q_offset=k_len - q_len, device=query.device)
-    slopes, symmetric = module.alibi_slopes, module.posswap_alibi.symmetric
+    slopes, symmetric = module.posswap_alibi.slopes(query.device), module.posswap_alibi.symmetric
     position_ids = kwargs.get("position_ids")
     if _distances_from_positions(position_ids, q_len, k_len):
         positions = position_ids.to(query.device).expand(batch, -1)
@@ -154,8 +170,31 @@ def alibi_flex_attention(module, query, key, value, attention_mask, dropout: flo
     return out.transpose(1, 2).contiguous(), None
 
 
+class ClearBiasCache:
+    """Forward hook on the base model (an object, not a bound handle, so deepcopy gives the copy its own)."""
+
+    def __init__(self, state: AlibiState):
+        self.state = state
+
+    def __call__(self, *args: Any) -> None:
+        self.state.clear()
+
+
+def install_alibi(model: torch.nn.Module, base: torch.nn.Module, attentions: list, symmetric: bool, backend: str) -> None:
+    """Give every self-attention module of ``model`` the ALiBi state and switch it to the ALiBi kernel."""
+    state = AlibiState(symmetric=symmetric, num_heads=model.config.num_attention_heads)
+    for attention in attentions:
+        attention.posswap_alibi = state
+    remove_hooks(base, ClearBiasCache)
+    # The per-forward bias cache is emptied when the base model's forward ends (also on errors).
+    base.register_forward_hook(ClearBiasCache(state), always_call=True)
+    model.set_attn_implementation(ALIBI_IMPLEMENTATIONS[backend])
+
+
 def register() -> None:
     """Idempotent: transformers' interfaces are plain global mappings."""
+    AttentionInterface.register(FLEX, flex_attention_forward)
+    AttentionMaskInterface.register(FLEX, flex_attention_mask)  # without it no mask is built
     for backend, function, mask in (
         ("sdpa", alibi_sdpa_attention, sdpa_mask),
         ("eager", alibi_eager_attention, eager_mask),

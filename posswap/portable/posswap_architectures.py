@@ -1,0 +1,127 @@
+"""Where each supported architecture keeps its position machinery.
+
+An :class:`Architecture` is a plain description (attribute paths, the position offset); :func:`find_sites`
+resolves it on a live model into :class:`Sites`, the modules a method touches. Adding a BERT-like
+architecture is one entry in ``ARCHITECTURES``.
+
+It travels with saved models (``posswap/portable``, copied beside the weights), so it imports nothing from
+posswap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+# Buffers that BERT-family embeddings size to the position table; GPT-2 has none.
+POSITION_SIZED_BUFFERS = ("position_ids", "token_type_ids")
+
+
+@dataclass(frozen=True)
+class Architecture:
+    model_type: str
+    embeddings: str  # path from the base model to the module that owns the table ("" = the base model)
+    table: str  # attribute holding the nn.Embedding of positions on that module
+    self_attention: str  # path to every self-attention module, "*" iterating a ModuleList
+    causal: bool  # decoder (GPT-2) or bidirectional encoder
+    # q/k projections on each self-attention module, with the hidden-size chunks of their output that are
+    # queries or keys: GPT-2's fused c_attn gives [q | k | v], BERT has separate query and key.
+    qk_projections: tuple[tuple[str, tuple[int, ...]], ...]
+    offset: Callable[[object], int] = lambda config: 0  # table rows before the first real position
+
+
+def _padding_offset(config) -> int:
+    # RoBERTa-style models number positions from padding_idx + 1 (rows 0..padding_idx are never real positions).
+    return config.pad_token_id + 1
+
+
+_BERT_LIKE = dict(
+    embeddings="embeddings", table="position_embeddings", self_attention="encoder.layer.*.attention.self",
+    causal=False, qk_projections=(("query", (0,)), ("key", (0,))),
+)
+
+ARCHITECTURES: dict[str, Architecture] = {
+    "bert": Architecture("bert", **_BERT_LIKE),
+    "electra": Architecture("electra", **_BERT_LIKE),
+    "roberta": Architecture("roberta", **_BERT_LIKE, offset=_padding_offset),
+    "xlm-roberta": Architecture("xlm-roberta", **_BERT_LIKE, offset=_padding_offset),
+    "gpt2": Architecture(
+        "gpt2", embeddings="", table="wpe", self_attention="h.*.attn", causal=True, qk_projections=(("c_attn", (0, 1)),)
+    ),
+}
+
+
+@dataclass
+class Sites:
+    """The live modules of one model that position methods read and change."""
+
+    arch: Architecture
+    model: nn.Module  # what the user holds (any head)
+    base: nn.Module  # the bare transformer (model.base_model)
+    owner: nn.Module  # module owning the position table and position-sized buffers
+    offset: int
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def table(self) -> nn.Embedding | None:
+        """The learned position table, or None once a method has dropped it."""
+        table = getattr(self.owner, self.arch.table)
+        return table if isinstance(table, nn.Embedding) else None
+
+    @property
+    def max_length(self) -> int:
+        """Tokens the model reads now."""
+        return self.config.max_position_embeddings - self.offset
+
+    def self_attentions(self) -> list[nn.Module]:
+        return _resolve(self.base, self.arch.self_attention)
+
+
+def find_sites(model: nn.Module) -> Sites:
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in ARCHITECTURES:
+        raise ValueError(
+            f"posswap does not support model_type {model_type!r} ({type(model).__name__}). "
+            f"Supported model types: {', '.join(sorted(ARCHITECTURES))}."
+        )
+    arch = ARCHITECTURES[model_type]
+    base = model.base_model
+    owner = _resolve(base, arch.embeddings)[0] if arch.embeddings else base
+    return Sites(arch=arch, model=model, base=base, owner=owner, offset=arch.offset(config))
+
+
+def resized_position_buffers(sites: Sites, rows: int) -> dict[str, torch.Tensor]:
+    """New values for the position-sized buffers, built before anything is assigned."""
+    new = {}
+    for name in POSITION_SIZED_BUFFERS:
+        old = getattr(sites.owner, name, None)
+        if old is None:
+            continue
+        if name == "position_ids":
+            new[name] = torch.arange(rows, device=old.device, dtype=old.dtype).expand((1, -1))
+        else:
+            new[name] = torch.zeros((1, rows), device=old.device, dtype=old.dtype)
+    return new
+
+
+def assign_buffers(module: nn.Module, buffers: dict[str, torch.Tensor]) -> None:
+    for name, value in buffers.items():
+        persistent = name not in module._non_persistent_buffers_set
+        module.register_buffer(name, value, persistent=persistent)
+
+
+def _resolve(root: nn.Module, path: str) -> list[nn.Module]:
+    modules = [root]
+    for part in path.split("."):
+        if part == "*":
+            modules = [child for m in modules for child in m.children()]
+        else:
+            modules = [getattr(m, part) for m in modules]
+    return modules

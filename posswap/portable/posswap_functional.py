@@ -1,0 +1,123 @@
+"""Pure tensor math for position schemes, shared by patch-time and run-time code (as timm's pos_embed)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+RESAMPLE_MODES = ("copy", "linear", "cubic")
+
+
+def resample_table(table: torch.Tensor, rows: int, mode: str) -> torch.Tensor:
+    """Return a position table of ``rows`` rows made from ``table`` (rows x dim).
+
+    - ``copy``: the old rows tiled until ``rows`` (Longformer's initialisation). Every position below the
+      old length keeps its exact old vector; shrinking keeps the first ``rows`` rows.
+    - ``linear`` / ``cubic``: the table resampled along positions (position interpolation). Corners are
+      aligned so position 0 keeps its exact vector and new position p reads old position
+      p * (old - 1) / (rows - 1), close to Chen et al.'s p * old / rows.
+    Same length is the identity for every mode. Math in fp32, result in the table's dtype.
+    """
+    if mode not in RESAMPLE_MODES:
+        raise ValueError(f"mode must be one of {', '.join(RESAMPLE_MODES)}; got {mode!r}.")
+    old = table.shape[0]
+    if rows == old:
+        return table.clone()
+    if mode == "copy":
+        return table.repeat(math.ceil(rows / old), 1)[:rows].clone()
+    if old == 1:
+        return table.expand(rows, -1).clone()
+    # (rows, dim) -> (1, dim, rows, 1): a one-pixel-wide image, so "bicubic" is cubic along positions.
+    image = table.detach().float().t()[None, :, :, None]
+    mode_2d = "bilinear" if mode == "linear" else "bicubic"
+    resized = F.interpolate(image, size=(rows, 1), mode=mode_2d, align_corners=True)
+    return resized[0, :, :, 0].t().to(table.dtype).contiguous()
+
+
+def rope_frequencies(
+    head_dim: int,
+    rotary_dim: int,
+    theta: float,
+    scaling: str | None,
+    factor: float,
+    original_length: int,
+    seq_len: int | None = None,
+    extra: dict | None = None,
+) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies (rotary_dim / 2,) and the cos/sin scale, from transformers' ``ROPE_INIT_FUNCTIONS``.
+
+    Plain RoPE is ``linear`` with factor 1. ``original_length`` is what the model was trained at: yarn's
+    ``original_max_position_embeddings`` and the length past which ``dynamic`` starts to stretch.
+    """
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope_type = scaling or "linear"
+    parameters = {"rope_type": rope_type, "rope_theta": float(theta), "factor": float(factor if scaling else 1.0)}
+    parameters["partial_rotary_factor"] = rotary_dim / head_dim
+    if rope_type == "yarn":
+        parameters["original_max_position_embeddings"] = original_length
+    parameters.update(extra or {})
+    # A Llama config is the carrier transformers' rope functions read their parameters from.
+    config = LlamaConfig(
+        hidden_size=head_dim, num_attention_heads=1, head_dim=head_dim,
+        max_position_embeddings=original_length, rope_parameters=parameters,
+    )
+    return ROPE_INIT_FUNCTIONS[rope_type](config, device=None, seq_len=seq_len)
+
+
+def rotary_cos_sin(inv_freq: torch.Tensor, position_ids: torch.Tensor, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, (batch, length, rotary_dim), fp32 whatever autocast says: positions times frequencies
+    lose precision in half precision long before 4k."""
+    with torch.autocast(device_type=position_ids.device.type, enabled=False):
+        angles = position_ids[..., None].float() * inv_freq.float().to(position_ids.device)
+        angles = torch.cat((angles, angles), dim=-1)  # the rotate_half layout of transformers' Llama
+        return angles.cos() * scale, angles.sin() * scale
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first ``cos.shape[-1]`` dims of every head of x (batch, length, heads, head_dim); the
+    rest pass through. Computed in fp32, returned in x's dtype."""
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    rotary_dim = cos.shape[-1]
+    cos, sin = cos[:, :, None], sin[:, :, None]
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        rotated, passed = x[..., :rotary_dim].float(), x[..., rotary_dim:]
+        rotated = rotated * cos + rotate_half(rotated) * sin
+        return torch.cat((rotated.to(x.dtype), passed), dim=-1) if passed.shape[-1] else rotated.to(x.dtype)
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """Per-head ALiBi slopes (Press et al., "Train Short, Test Long"), float32, shape (num_heads,).
+
+    For a power of two n: the geometric sequence 2^(-8/n), 2^(-16/n), ..., 2^(-8). Otherwise the slopes of
+    the closest lower power of two, followed by every other slope of twice that power: the rule of the
+    reference code (ofirpress/attention_with_linear_biases, ``get_slopes``).
+    """
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
+        raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}.")
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))  # = 2^(-8/n)
+        return [start * start**i for i in range(n)]
+
+    if math.log2(num_heads).is_integer():
+        slopes = power_of_two(num_heads)
+    else:
+        lower = 2 ** math.floor(math.log2(num_heads))
+        slopes = power_of_two(lower) + power_of_two(2 * lower)[0::2][: num_heads - lower]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def alibi_bias(slopes: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor, symmetric: bool) -> torch.Tensor:
+    """The additive ALiBi bias, shape (..., heads, q, k), in ``slopes``' dtype.
+
+    ``q_positions`` (..., q) and ``k_positions`` (..., k) are integer positions (leading dims broadcast).
+    symmetric: ``-m_h * |i - j|`` (encoders); else ``-m_h * (i - j)`` (decoders: only the keys a causal
+    mask lets through, j <= i, are meaningful; later keys get a positive bias that the mask removes).
+    """
+    distance = q_positions[..., :, None] - k_positions[..., None, :]
+    if symmetric:
+        distance = distance.abs()
+    return -slopes[:, None, None] * distance.unsqueeze(-3).to(slopes.dtype)

@@ -1,0 +1,23 @@
+"""Find and remove posswap's hooks by their type. Hooks are found again rather than remembered by handle:
+a handle refers to the original module's hook dict, so after ``copy.deepcopy`` it would remove the wrong one."""
+
+from __future__ import annotations
+
+from torch import nn
+
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
+# Side tables torch keeps by hook id for hooks registered with with_kwargs / always_call.
+_SIDE_TABLES = ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+
+
+def find_hooks(module: nn.Module, kind: type) -> list:
+    return [h for name in _HOOK_DICTS for h in getattr(module, name).values() if isinstance(h, kind)]
+
+
+def remove_hooks(module: nn.Module, kind: type) -> None:
+    for name in _HOOK_DICTS:
+        hooks = getattr(module, name)
+        for key in [k for k, h in hooks.items() if isinstance(h, kind)]:
+            del hooks[key]
+            for table in _SIDE_TABLES:
+                getattr(module, table, {}).pop(key, None)

@@ -1,0 +1,71 @@
+"""What a patched model does at run time, rebuilt from the ``posswap`` block of its config.
+
+:func:`install_positions` is the one entry point: ``posswap.patch`` calls it after changing weights, and the
+classes of a saved model (``modeling_posswap.py``) call it in ``__init__``, before the weights load. So the
+library and a folder loaded with ``trust_remote_code=True`` run the same code.
+
+It travels with saved models (``posswap/portable``), so it imports nothing from posswap.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .posswap_architectures import Sites, find_sites
+from .posswap_attention import PLAIN_IMPLEMENTATIONS, install_alibi
+from .posswap_guard import install_length_guard
+from .posswap_rotary import install_rotary
+
+# Methods whose saved folders need this code to load right (interpolate only resizes the table).
+RUNTIME_METHODS = ("rope", "alibi")
+
+
+class NoPositions(nn.Module):
+    """Stands where the learned table was and adds nothing.
+
+    The embeddings code still calls the table, so it cannot simply be deleted; a module without parameters
+    (rather than a table frozen at zero) leaves DDP no unused parameter and the checkpoint no dead weight.
+    """
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        # A zero that broadcasts: embeddings + 0 costs one add, never a (batch, length, dim) table read.
+        return torch.zeros((), device=position_ids.device)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim} (learned table dropped by posswap)"
+
+
+def drop_table(sites: Sites) -> None:
+    if sites.table is not None:
+        setattr(sites.owner, sites.arch.table, NoPositions(sites.table.embedding_dim))
+
+
+def _install_rope(model: nn.Module, sites: Sites, block: dict) -> None:
+    install_rotary(sites.base, sites.self_attentions(), sites.arch.qk_projections, block)
+    if block.get("backend"):
+        model.set_attn_implementation(PLAIN_IMPLEMENTATIONS[block["backend"]])
+
+
+def _install_alibi(model: nn.Module, sites: Sites, block: dict) -> None:
+    symmetric = block.get("symmetric")
+    symmetric = (not sites.arch.causal) if symmetric is None else symmetric
+    install_alibi(model, sites.base, sites.self_attentions(), symmetric, block.get("backend") or "sdpa")
+
+
+INSTALLERS = {"rope": _install_rope, "alibi": _install_alibi}
+
+
+def install_positions(model: nn.Module, block: dict) -> None:
+    """Make ``model`` run as ``block`` says: drop the table if asked, hook the method in, guard the length.
+    Idempotent. Builds no tensors, so it also works on the meta device."""
+    sites = find_sites(model)
+    if block["method"] in INSTALLERS:
+        if block.get("absolute", "drop") == "drop":
+            drop_table(sites)
+        INSTALLERS[block["method"]](model, sites, block)
+    install_length_guard(sites.base, sites.offset)
