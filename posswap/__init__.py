@@ -5,6 +5,7 @@ from . import methods  # noqa: F401  (registers every method)
 from .architectures import ARCHITECTURES
 from .config import PositionConfig, config_from_dict
 from .evaluation import Results, evaluate
+from .export import export
 from .hub import model_card, push_to_hub
 from .loading import from_pretrained
 from .methods.alibi import AlibiConfig
@@ -23,6 +24,7 @@ __all__ = [
     "__version__",
     "config_from_dict",
     "evaluate",
+    "export",
     "from_pretrained",
     "model_card",
     "patch",

@@ -1,4 +1,4 @@
-"""``posswap patch|demo|eval|push``: the command line. Method options come from the method config dataclasses, so a
+"""``posswap patch|demo|eval|push|export``: the command line. Method options come from the method config dataclasses, so a
 new method gets its flags by being registered."""
 
 from __future__ import annotations
@@ -95,6 +95,22 @@ def _cmd_push(args: argparse.Namespace) -> None:
     print(f"Pushed {args.folder} to {url}")
 
 
+def _cmd_export(args: argparse.Namespace) -> None:
+    from huggingface_hub.errors import HfHubHTTPError
+
+    from .export import TOLERANCE, export
+
+    try:
+        result = export(args.folder, args.out, push=args.push, private=args.private)
+    except HfHubHTTPError as error:  # written, but the Hub refused the upload
+        raise OSError(f"wrote {args.out}, but the Hub refused the upload: {error}") from None
+    print(
+        f"Exported {args.folder} as {result.architecture} to {result.path} "
+        f"(max logit difference {result.max_difference:.1e}, limit {TOLERANCE:.0e})"
+        + (f"; pushed to {args.push}" if args.push else "")
+    )
+
+
 def _short_names(models: list[str]) -> dict[str, str]:
     """Table rows named by a folder's last part (``out/gpt2-rope-4k`` -> ``gpt2-rope-4k``) where unambiguous."""
     short = [Path(m).name if Path(m).exists() else m for m in models]
@@ -185,6 +201,13 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--results", default=None, help="results.json from posswap eval: its table goes into the card.")
     h.add_argument("--plots", nargs="*", default=(), metavar="PNG", help="Images to upload under plots/ and show in the card.")
     h.set_defaults(run=_cmd_push)
+
+    x = commands.add_parser("export", help="Write a RoPE model as a native transformers model where one is exact (GPT-NeoX, RoFormer).")
+    x.add_argument("folder", metavar="FOLDER", help="Folder (or Hub id) of a posswap-patched model.")
+    x.add_argument("--out", required=True, help="New (or empty) folder for the native model and the tokenizer.")
+    x.add_argument("--push", default=None, metavar="REPO_ID", help="Also upload the export to this Hub repo.")
+    x.add_argument("--private", action="store_true", help="With --push: create the repo as private.")
+    x.set_defaults(run=_cmd_export)
     return parser
 
 
