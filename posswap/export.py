@@ -27,7 +27,8 @@ import torch
 import transformers
 from torch import nn
 
-from .methods.rope import RopeConfig, resolve_rotary_dim
+from .methods.rope import RopeConfig
+from .portable.posswap_rotary import resolve_rotary_dim
 from .patching import CONFIG_KEY, patched_config
 
 TOLERANCE = 1e-4  # max |logit difference| an export may have
@@ -137,7 +138,7 @@ GPT_NEOX_RENAMES = [
 
 def gpt_neox_target(model: nn.Module, rope: RopeConfig, original: int) -> Target:
     c = model.config
-    name = type(model).__name__
+    name = type(model).__name__.removeprefix("Posswap")
     if name not in GPT_NEOX_HEADS:
         raise _refuse(model, f"only {' and '.join(GPT_NEOX_HEADS)} have a GPT-NeoX counterpart")
     if not c.scale_attn_weights or c.scale_attn_by_inverse_layer_idx:
@@ -213,7 +214,7 @@ ROFORMER_HEAD_RENAMES["xlm-roberta"] = ROFORMER_HEAD_RENAMES["roberta"]
 
 def roformer_target(model: nn.Module, rope: RopeConfig) -> Target:
     c = model.config
-    head = type(model).__name__.removeprefix(ENCODER_FAMILIES[c.model_type])
+    head = type(model).__name__.removeprefix("Posswap").removeprefix(ENCODER_FAMILIES[c.model_type])
     reason = _roformer_refusal(model, rope, head)
     if reason:
         raise _refuse(model, reason)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 REPO = r"/api/models/(?P<repo>[^/]+/[^/]+)"
 REVISION = "main"
+RESOLVABLE = rf"(?:{REVISION}|{'1' * 40})"
 
 
 class HubStandIn(ThreadingHTTPServer):
@@ -68,8 +69,9 @@ class _Handler(BaseHTTPRequestHandler):
             ("GET", REPO, True, self._repo_info),  # create_repo(exist_ok=True) asks after a 401/403
             # Asked once a day for the user agent (agent detection): an empty registry.
             ("GET", r"/api/agent-harnesses", False, lambda m, b: self._json(200, {"standardEnvVars": [], "harnesses": {}})),
-            ("GET", rf"/(?P<repo>[^/]+/[^/]+)/resolve/{REVISION}/(?P<file>.+)", False, self._resolve),
-            ("HEAD", rf"/(?P<repo>[^/]+/[^/]+)/resolve/{REVISION}/(?P<file>.+)", False, self._resolve),
+            # Downloads name the branch first, then the commit the first answer gave (X-Repo-Commit).
+            ("GET", rf"/(?P<repo>[^/]+/[^/]+)/resolve/{RESOLVABLE}/(?P<file>.+)", False, self._resolve),
+            ("HEAD", rf"/(?P<repo>[^/]+/[^/]+)/resolve/{RESOLVABLE}/(?P<file>.+)", False, self._resolve),
         ]
         for verb, pattern, needs_token, handler in routes:
             match = re.fullmatch(pattern, path)
