@@ -78,6 +78,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         passkey_depths=tuple(float(d) for d in args.passkey_depths.split(",")),
         seed=args.seed,
         out=args.out,
+        device=args.device,
     )
     print(results.table())
     print(f"Wrote {args.out}/results.json and the plots.")
@@ -173,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--passkey-trials", type=int, default=3, help="Passkey keys per length and depth, causal LMs only (0: skip).")
     e.add_argument("--passkey-depths", default="0,0.25,0.5,0.75,1", help="Comma-separated depths of the key (0 to 1).")
     e.add_argument("--seed", type=int, default=0, help="Seed of the masks and keys (the same for every model).")
+    e.add_argument("--device", default=None, help="Where the models run: cpu, cuda, cuda:N (default: cuda if available, else cpu).")
     e.set_defaults(run=_cmd_eval)
 
     t = commands.add_parser("train", help="Continued pretraining at the new length from a YAML recipe (see recipes/).")

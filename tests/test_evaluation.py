@@ -301,3 +301,22 @@ def test_cli_eval_minilm_without_head_shows_similarity(minilm_path, tmp_path, ca
     assert main(["eval", minilm_path, "--lengths", "128,1024", "--max-tokens", "256", "--out", str(out)]) == 0
     assert "MLM loss needs" in capsys.readouterr().out
     assert [p.name.startswith("similarity_") for p in out.glob("*.png")] == [True]
+
+
+# --- device ------------------------------------------------------------------------------------------------
+
+
+def test_device_cpu_works_and_a_bad_device_is_a_clear_error(tiny_gpt2, gpt2_tokenizer, tmp_path, capsys):
+    score = lambda **device: posswap.evaluate({"tiny": tiny_gpt2}, gpt2_tokenizer, [32], TEXTS, max_tokens=64, progress=False, **device)
+    on_cpu, default = score(device="cpu"), score()  # default: cuda where there is one
+    assert on_cpu.models["tiny"].metrics["loss"] == pytest.approx(default.models["tiny"].metrics["loss"], rel=1e-3)
+    assert next(tiny_gpt2.parameters()).device.type == "cpu"  # a model handed in goes back where it was
+    for bad in ("gpu", "cuda:99"):
+        with pytest.raises(ValueError, match=f"device '{bad}' cannot be used here.*use cpu, cuda"):
+            score(device=bad)
+    tiny_gpt2.save_pretrained(tmp_path / "tiny")
+    gpt2_tokenizer.save_pretrained(tmp_path / "tiny")
+    argv = ["eval", str(tmp_path / "tiny"), "--lengths", "32", "--max-tokens", "64", "--passkey-trials", "0", "--out", str(tmp_path / "r")]
+    assert main(argv + ["--device", "cpu"]) == 0
+    assert main(argv + ["--device", "gpu"]) == 2
+    assert "device 'gpu' cannot be used here" in capsys.readouterr().err

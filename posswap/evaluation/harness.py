@@ -16,7 +16,7 @@ from .masked import mask_windows, masked_lm_scores, with_special_tokens
 from .passkey import DEPTHS, build_prompt, passkey_found, random_keys, shortest_prompt
 from .results import ModelResults, Results
 from .similarity import adjacent_similarity, learned_table
-from .stream import context_limit, token_stream, windows
+from .stream import context_limit, model_device, resolve_device, token_stream, windows
 
 DEFAULT_DATA = "posswap:austen-heldout"
 POSITION_BUCKETS = 8
@@ -47,11 +47,13 @@ def evaluate(
     seed: int = 0,
     out: str | Path | None = None,
     progress: bool = True,
+    device: str | torch.device | None = None,
 ) -> Results:
     """Score ``models`` (name -> model, or a Hub id / folder loaded with :func:`posswap.from_pretrained`) at
     each length in ``lengths`` on ``data`` (a ``--data`` string, see :func:`load_text_dataset`, or a list of
     texts). ``max_tokens`` is the budget of scored tokens per model and length. With ``out``, also writes
-    ``results.json`` and the PNG plots there."""
+    ``results.json`` and the PNG plots there. Models run on ``device`` (default: cuda when there is a GPU, else
+    cpu); a model handed in as an object goes back to its own device afterwards."""
     from ..data.splits import load_text_dataset
     from ..loading import from_pretrained
     from .plots import plot_similarity, slug, write_plots  # here: `import posswap` need not load matplotlib
@@ -67,6 +69,7 @@ def evaluate(
         raise ValueError(f"max_tokens must be positive; got {max_tokens}.")
     if any(not 0.0 <= depth <= 1.0 for depth in passkey_depths):
         raise ValueError(f"Passkey depths must lie between 0 and 1; got {list(passkey_depths)}.")
+    device = resolve_device(device)
     tokenizer = _tokenizer(tokenizer, models)
     texts = load_text_dataset(data)["text"] if isinstance(data, str) else list(data)
     stream = token_stream(texts, tokenizer, max(max_tokens, lengths[-1]), min_tokens=lengths[-1])
@@ -76,6 +79,9 @@ def evaluate(
     for name, spec in models.items():
         # One model in memory at a time: a stock model and its 4k variants need not fit together.
         model = (from_pretrained(spec) if isinstance(spec, (str, Path)) else spec).eval()
+        home, movable = model_device(model), getattr(model, "hf_device_map", None) is None  # device_map=: stays put
+        if movable:
+            model.to(device)
         kind = model_kind(model)
         result = ModelResults(kind=kind, limit=context_limit(model))
         vocab = getattr(model.config, "vocab_size", None)
@@ -104,6 +110,8 @@ def evaluate(
         if table is not None:  # says something even about an encoder with no head
             result.metrics["adjacent_cos"] = [adjacent_similarity(table, length) for length in lengths]
         results.models[name] = result
+        if movable and model is spec:
+            model.to(home)
         if out is not None and model.config.model_type in ARCHITECTURES:
             plot_similarity(model, name, Path(out) / f"similarity_{slug(name)}.png")
     if out is not None:

@@ -47,6 +47,20 @@ def context_limit(model: nn.Module) -> int | None:
         return getattr(config, "max_position_embeddings", None)
 
 
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``device`` as a torch.device: None is cuda when there is a GPU, else cpu. One this machine cannot use
+    (a typo, ``cuda`` without a GPU, ``cuda:3`` with one) is a ValueError now, not a failure mid-evaluation."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+        torch.empty(0, device=resolved)  # the only reliable check that the device exists here
+    except (RuntimeError, AssertionError, TypeError) as error:
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ValueError(f"device {str(device)!r} cannot be used here ({first_line}); use cpu, cuda or cuda:N.") from None
+    return resolved
+
+
 def model_device(model: nn.Module) -> torch.device:
     parameter = next(model.parameters(), None)
     return parameter.device if parameter is not None else torch.device("cpu")

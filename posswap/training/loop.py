@@ -8,6 +8,7 @@ exactly -> final save (LoRA merged) -> evaluation -> optional push to the Hub.
 from __future__ import annotations
 
 import json
+import os
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable
@@ -23,7 +24,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM,
 from ..architectures import find_sites
 from ..loading import from_pretrained, resolve_model_id, save_model_and_tokenizer
 from ..patching import patch, patched_config
-from .checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
+from .checkpoint import latest_checkpoint, load_checkpoint, log_lines_upto, prune_checkpoints, resumable_checkpoint, save_checkpoint
 from .data import packed_windows
 from .objectives import batch_preparer, stack_windows
 from .recipe import Recipe
@@ -67,8 +68,7 @@ def train(recipe: Recipe, raw: dict[str, Any] | None = None, resume: bool = Fals
     run_dir = Path(t.output_dir)
     if not resume and latest_checkpoint(run_dir) is not None:
         raise ValueError(f"{run_dir} already holds checkpoints: pass --resume to continue, or choose another train.output_dir.")
-    if resume and latest_checkpoint(run_dir) is None:
-        raise ValueError(f"--resume: no checkpoint in {run_dir} to resume from.")
+    checkpoint = resumable_checkpoint(run_dir) if resume else None  # checked before anything is loaded
     if recipe.push_to_hub:
         from huggingface_hub import get_token
 
@@ -82,6 +82,12 @@ def train(recipe: Recipe, raw: dict[str, Any] | None = None, resume: bool = Fals
         step_scheduler_with_optimizer=False,  # max_steps counts optimizer steps; the scheduler follows them
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=t.seed),
     )
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and accelerator.distributed_type != DistributedType.FSDP:
+        # accelerate runs FSDP on accelerators only; elsewhere it would quietly run plain data parallel instead.
+        raise ValueError(
+            f"The accelerate config asks for FSDP, which accelerate runs only on GPUs (or XPUs, NPUs...); here it would run as "
+            f"{accelerator.distributed_type.value}. On CPU use recipes/accelerate/ddp.yaml."
+        )
     if accelerator.distributed_type == DistributedType.FSDP and t.save_every < t.max_steps:
         # Checkpoints hold whole tensors (safetensors) and an unsharded optimizer state: not FSDP's shards.
         raise ValueError(
@@ -104,8 +110,7 @@ def train(recipe: Recipe, raw: dict[str, Any] | None = None, resume: bool = Fals
     model, optimizer = accelerator.prepare(model, optimizer)
 
     step, progress = 0, {}
-    if resume:
-        checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is not None:
         progress = load_checkpoint(checkpoint, accelerator.unwrap_model(model), optimizer, scheduler, accelerator.process_index, accelerator.num_processes)
         step = progress["step"]
         accelerator.print(f"Resumed from {checkpoint} at step {step}.")
@@ -114,7 +119,7 @@ def train(recipe: Recipe, raw: dict[str, Any] | None = None, resume: bool = Fals
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "recipe.yaml").write_text(yaml.safe_dump(raw or {}, sort_keys=False))
         # The log says what the weights went through: lines past the checkpoint (or of an old run) go.
-        kept = [line for line in (log_path.read_text().splitlines() if resume and log_path.exists() else []) if json.loads(line)["step"] <= step]
+        kept = log_lines_upto(log_path, step) if resume else []
         log_path.write_text("".join(line + "\n" for line in kept))
 
     pose = (t.pose_window, max_length, offset) if t.pose_window else None
@@ -143,7 +148,8 @@ def train(recipe: Recipe, raw: dict[str, Any] | None = None, resume: bool = Fals
                     loss = model(**batch).loss / t.grad_accum
                     accelerator.backward(loss)
                 loss_sum += loss.detach().float()
-            accelerator.clip_grad_norm_(trainable, MAX_GRAD_NORM)
+            # The prepared model's parameters: FSDP replaces those captured before prepare (frozen ones have no grad).
+            accelerator.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -165,10 +171,10 @@ def train(recipe: Recipe, raw: dict[str, Any] | None = None, resume: bool = Fals
 
     accelerator.wait_for_everyone()
     final_dir = run_dir / "model"
-    final = merged(accelerator.unwrap_model(model))
+    final = _final_model(accelerator, model, recipe)
     if accelerator.is_main_process:
         save_model_and_tokenizer(final, tokenizer, final_dir)
-        _evaluate(recipe, final, tokenizer, run_dir)
+        _evaluate(recipe, final, tokenizer, run_dir, accelerator.device)
         if recipe.push_to_hub:
             _push(recipe, final_dir, run_dir)
     accelerator.wait_for_everyone()
@@ -193,7 +199,21 @@ def _batches(accelerator: Accelerator, loader, consumed: int):
         epoch, skip = epoch + 1, 0
 
 
-def _evaluate(recipe: Recipe, model, tokenizer, run_dir: Path) -> None:
+def _final_model(accelerator: Accelerator, model, recipe: Recipe):
+    """The trained model as a plain transformers model (LoRA merged) on the main process, None on the others.
+    Under FSDP each process holds shards: all gather the full state dict, the main process loads it into a copy."""
+    if accelerator.distributed_type != DistributedType.FSDP:
+        return merged(accelerator.unwrap_model(model)) if accelerator.is_main_process else None
+    state = accelerator.get_state_dict(model)  # a collective: every process takes part
+    if not accelerator.is_main_process:
+        return None
+    t = recipe.train
+    plain = select_trainable(load_patched_model(recipe)[0], t.trainable, t.train_norms, t.lora)
+    plain.load_state_dict(state)
+    return merged(plain)
+
+
+def _evaluate(recipe: Recipe, model, tokenizer, run_dir: Path, device: torch.device) -> None:
     if not recipe.eval.lengths:
         return
     from ..evaluation import evaluate
@@ -202,7 +222,7 @@ def _evaluate(recipe: Recipe, model, tokenizer, run_dir: Path) -> None:
     e = recipe.eval
     results = evaluate(
         {"original": recipe.model, "trained": model}, tokenizer, e.lengths, e.data,
-        max_tokens=e.max_tokens, passkey_trials=e.passkey_trials, beyond=e.beyond, out=run_dir / "eval",
+        max_tokens=e.max_tokens, passkey_trials=e.passkey_trials, beyond=e.beyond, out=run_dir / "eval", device=device,
     )
     print(results.table())
 
