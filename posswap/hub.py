@@ -65,21 +65,7 @@ def model_card(
     if parameters:
         rows = [f"| `{k}` | {'default' if v is None else f'`{v}`'} |" for k, v in parameters.items()]
         lines += ["| parameter | value |", "|---|---|", *rows, ""]
-    lines += ["## How to load it", "", "```python", "import posswap", "", f"model = posswap.from_pretrained({repo})", "```", ""]
-    if method == "interpolate":
-        # Only the table's size changed, so transformers alone rebuilds the same model.
-        lines += [
-            "Only the size of the position table changed, so plain transformers loads it too:",
-            "",
-            "```python",
-            f"from transformers import {name}",
-            "",
-            f"model = {name}.from_pretrained({repo})",
-            "```",
-            "",
-        ]
-    else:
-        lines += [f"Plain transformers would load the weights but not the {method} attention: use `posswap.from_pretrained`.", ""]
+    lines += _loading_section(method, name, repo, block)
     if data is not None or steps is not None:
         lines += ["## Training", ""]
         lines += [f"- data: {data}"] if data is not None else []
@@ -163,6 +149,29 @@ def push_to_hub(
         url = api.create_repo(repo_id, exist_ok=True, private=private, token=token)
         api.upload_folder(repo_id=url.repo_id, folder_path=folder, commit_message=commit_message, token=token)
     return str(url)
+
+
+def _loading_section(method: str, name: str, repo: str, block: dict) -> list[str]:
+    """How to load it: with posswap; with transformers alone (the folder carries the code, or needs none);
+    and, where one is exact, the native export for serving engines."""
+    stock = name.removeprefix("Posswap")
+    lines = ["## How to load it", "", "With posswap:", "", "```python", "import posswap", "",
+             f"model = posswap.from_pretrained({repo})", "```", ""]
+    if method == "interpolate":  # only the table's size changed: transformers alone rebuilds the same model
+        return lines + ["Only the size of the position table changed, so plain transformers loads it too:", "",
+                        "```python", f"from transformers import {stock}", "", f"model = {stock}.from_pretrained({repo})",
+                        "```", ""]
+    lines += [
+        f"Without posswap: this repo carries the code of its {method} attention (`modeling_posswap.py`), so",
+        "transformers loads it with `trust_remote_code=True` (without it, transformers refuses to load it):", "",
+        "```python", "from transformers import AutoModel", "",
+        f"model = AutoModel.from_pretrained({repo}, trust_remote_code=True)  # or AutoModelForCausalLM, ...", "```", "",
+    ]
+    if method == "rope" and block.get("scaling") != "dynamic" and block.get("absolute", "drop") == "drop":
+        lines += ["For serving engines (vLLM, TGI, llama.cpp), `posswap export` writes an exact native copy where one",
+                  "exists (GPT-2 -> GPT-NeoX, BERT family -> RoFormer), checked against this model before writing:", "",
+                  "```bash", f"posswap export {repo.strip(chr(34))} --out native/", "```", ""]
+    return lines
 
 
 def _config_dict(model_or_folder: Any) -> dict:

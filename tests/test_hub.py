@@ -41,14 +41,15 @@ def test_push_folder_end_to_end(hub, tmp_path):
     assert url == f"{hub.url}/me/gpt2-rope-128"
     assert hub.repos["me/gpt2-rope-128"]["private"] is True
     files = hub.files("me/gpt2-rope-128")
-    assert {"config.json", "model.safetensors", "README.md", "plots/ppl_vs_length.png"} <= set(files)
+    assert {"config.json", "model.safetensors", "README.md", "plots/ppl_vs_length.png", "modeling_posswap.py"} <= set(files)
     assert files["model.safetensors"] == (tmp_path / "out" / "model.safetensors").read_bytes()
     assert json.loads(files["config.json"])["posswap"] == model.config.posswap
     card = files["README.md"].decode()
     meta = huggingface_hub.ModelCard(card).data
     assert meta.library_name == "transformers" and meta.tags == ["posswap", "rope"]
     for text in ("`rope`", "32 -> 128", 'posswap.from_pretrained("me/gpt2-rope-128")', "posswap:austen-train",
-                 "steps: 20", results().table(), "![ppl_vs_length](plots/ppl_vs_length.png)"):
+                 "steps: 20", results().table(), "![ppl_vs_length](plots/ppl_vs_length.png)",
+                 'AutoModel.from_pretrained("me/gpt2-rope-128", trust_remote_code=True)', "posswap export me/gpt2-rope-128"):
         assert text in card
     # What arrived is a working checkpoint: the same logits after posswap.from_pretrained.
     loaded = posswap.from_pretrained(str(hub.root / "me/gpt2-rope-128")).eval()
