@@ -34,6 +34,7 @@ CASES = {
                                posswap.RopeConfig(max_length=NEW_LENGTH, scaling="yarn", rotary_dim=0.5)),
     "gpt2-rope-dynamic-eager": ("gpt2", "GPT2LMHeadModel", "AutoModelForCausalLM",
                                 posswap.RopeConfig(max_length=NEW_LENGTH, scaling="dynamic", backend="eager")),
+    "gpt2-rope-flex": ("gpt2", "GPT2LMHeadModel", "AutoModelForCausalLM", posswap.RopeConfig(max_length=NEW_LENGTH, backend="flex")),
     "gpt2-alibi": ("gpt2", "GPT2LMHeadModel", "AutoModelForCausalLM", posswap.AlibiConfig(max_length=NEW_LENGTH)),
     "gpt2-alibi-eager-keep": ("gpt2", "GPT2LMHeadModel", "AutoModelForCausalLM",
                               posswap.AlibiConfig(max_length=NEW_LENGTH, backend="eager", absolute="keep")),

@@ -49,6 +49,13 @@ def check(model: nn.Module, sites: Sites, config: InterpolateConfig) -> None:
             "This model has no learned position table left to interpolate (a method dropped it). "
             "Start from the original checkpoint."
         )
+    previous = getattr(model.config, "posswap", None)
+    if previous and previous.get("mode") != config.mode:
+        # Resampling a table that was already resampled is not the original resampled another way.
+        raise ValueError(
+            f"This table was already extended with mode {previous.get('mode')!r}; re-patching it with mode "
+            f"{config.mode!r} would not give the original table resampled that way. Start from the original checkpoint."
+        )
 
 
 def apply(model: nn.Module, sites: Sites, config: InterpolateConfig) -> None:
