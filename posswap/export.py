@@ -29,6 +29,7 @@ from torch import nn
 
 from .methods.rope import RopeConfig
 from .portable.posswap_rotary import resolve_rotary_dim
+from .hub import check_hub_target, upload_folder
 from .patching import CONFIG_KEY, patched_config
 
 TOLERANCE = 1e-4  # max |logit difference| an export may have
@@ -75,7 +76,7 @@ def export(
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"{out} exists and is not empty: posswap export writes only to a new or empty folder.")
     if push is not None:
-        token = _check_push(push, token)  # before any work
+        token = check_hub_target(push, token)  # before any work
     if isinstance(model_or_dir, (str, os.PathLike)):
         from .loading import load_model_and_tokenizer
 
@@ -365,25 +366,5 @@ def _logits(output) -> torch.Tensor:
 # --- Hub ---------------------------------------------------------------------------------------------------------
 
 
-def _check_push(repo_id: str, token: str | None) -> str:
-    from huggingface_hub import get_token
-    from huggingface_hub.utils import validate_repo_id
-
-    try:
-        validate_repo_id(repo_id)
-    except ValueError as error:
-        raise ValueError(f"Bad repo id {repo_id!r}: use 'namespace/name'. ({error})") from None
-    token = token or get_token()
-    if token is None:
-        raise ValueError("Not logged in to the Hub: run `hf auth login`, set HF_TOKEN, or pass token=...")
-    return token
-
-
 def _push(folder: Path, repo_id: str, private: bool, token: str) -> None:
-    from huggingface_hub import HfApi
-
-    from .version import __version__
-
-    api = HfApi(library_name="posswap", library_version=__version__)
-    url = api.create_repo(repo_id, exist_ok=True, private=private, token=token)
-    api.upload_folder(repo_id=url.repo_id, folder_path=folder, commit_message="Upload native export (posswap export)", token=token)
+    upload_folder(folder, repo_id, private, token, "Upload native export (posswap export)")

@@ -103,17 +103,7 @@ def push_to_hub(
     given, to a temporary folder). A folder gets README.md (the card) and ``plots/`` written into it: ``card``
     when given, else one made by :func:`model_card` unless the folder has a README.md posswap did not write.
     """
-    from huggingface_hub import HfApi, get_token
-    from huggingface_hub.utils import validate_repo_id
-
-    # Everything that can fail locally fails before the first request.
-    try:
-        validate_repo_id(repo_id)
-    except ValueError as error:
-        raise ValueError(f"Bad repo id {repo_id!r}: use 'namespace/name', e.g. 'me/gpt2-rope-4k'. ({error})") from None
-    token = token or get_token()
-    if token is None:
-        raise ValueError("Not logged in to the Hub: run `hf auth login`, set HF_TOKEN, or pass token=...")
+    token = check_hub_target(repo_id, token)  # everything that can fail locally fails before the first request
     plots = [Path(p) for p in plots]
     missing = [str(p) for p in plots if not p.is_file()]
     if missing:
@@ -145,9 +135,31 @@ def push_to_hub(
                 card = model_card(source, plots=[f"plots/{p.name}" for p in plots], repo_id=repo_id, **card_args)
             readme.write_text(card, encoding="utf-8")
 
-        api = HfApi(library_name="posswap", library_version=__version__)  # named in the user agent
-        url = api.create_repo(repo_id, exist_ok=True, private=private, token=token)
-        api.upload_folder(repo_id=url.repo_id, folder_path=folder, commit_message=commit_message, token=token)
+        return upload_folder(folder, repo_id, private, token, commit_message)
+
+
+def check_hub_target(repo_id: str, token: str | None) -> str:
+    """The token to push ``repo_id`` with; a malformed id or a missing login is an error before any request."""
+    from huggingface_hub import get_token
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except ValueError as error:
+        raise ValueError(f"Bad repo id {repo_id!r}: use 'namespace/name', e.g. 'me/gpt2-rope-4k'. ({error})") from None
+    token = token or get_token()
+    if token is None:
+        raise ValueError("Not logged in to the Hub: run `hf auth login`, set HF_TOKEN, or pass token=...")
+    return token
+
+
+def upload_folder(folder: Path, repo_id: str, private: bool, token: str, commit_message: str) -> str:
+    """Create the repo if needed and upload ``folder``; returns the repo URL."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(library_name="posswap", library_version=__version__)  # named in the user agent
+    url = api.create_repo(repo_id, exist_ok=True, private=private, token=token)
+    api.upload_folder(repo_id=url.repo_id, folder_path=folder, commit_message=commit_message, token=token)
     return str(url)
 
 

@@ -52,6 +52,17 @@ def make_model(model_type: str, head: str, seed: int = 0) -> transformers.PreTra
     return getattr(transformers, head)(config).eval()
 
 
+def sharpen_qk(model):
+    """A tiny random model has q.k ~ 0, which hides position effects: scale the q and k projections up."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("attn.c_attn.weight"):
+                param[:, : 2 * model.config.hidden_size] *= 6
+            elif name.endswith(("attention.self.query.weight", "attention.self.key.weight")):
+                param *= 6
+    return model
+
+
 def token_ids(length: int, batch: int = 2, seed: int = 1) -> torch.Tensor:
     # Ids from 3 up: never RoBERTa's padding id 1, so every token gets a real position.
     return torch.randint(3, 99, (batch, length), generator=torch.Generator().manual_seed(seed))

@@ -10,24 +10,13 @@ import pytest
 import torch
 
 import posswap
-from conftest import assert_untouched, make_model, snapshot
+from conftest import assert_untouched, make_model, sharpen_qk, snapshot
 
 NEW_LENGTH = 96
 
 
-def sharpen_(model):
-    """Tiny random models have q.k ~ 0, which hides positions: scale the q and k projections up."""
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("attn.c_attn.weight"):
-                param[:, : 2 * model.config.hidden_size] *= 6
-            elif name.endswith(("attention.self.query.weight", "attention.self.key.weight")):
-                param *= 6
-    return model
-
-
 def gpt2(config):
-    return posswap.patch(sharpen_(make_model("gpt2", "GPT2LMHeadModel")), config).eval()
+    return posswap.patch(sharpen_qk(make_model("gpt2", "GPT2LMHeadModel")), config).eval()
 
 
 def first_layer_qk(model, ids):
@@ -156,7 +145,7 @@ def test_repatching_with_other_settings_applies_them(first, second):
 
 @pytest.mark.parametrize("method", ["rope", "alibi"])
 def test_a_failure_inside_apply_leaves_the_model_untouched(method, monkeypatch):
-    model = sharpen_(make_model("gpt2", "GPT2LMHeadModel"))
+    model = sharpen_qk(make_model("gpt2", "GPT2LMHeadModel"))
     ids = torch.randint(3, 99, (1, 20))
     with torch.no_grad():
         expected = model(ids).logits

@@ -23,7 +23,7 @@ import posswap
 from posswap import cli
 from posswap.hub import push_to_hub
 
-from conftest import TOKEN, make_model
+from conftest import make_model, sharpen_qk
 
 NEW_LENGTH = 96
 
@@ -85,16 +85,8 @@ LOADER = textwrap.dedent('''
 ''')
 
 
-def sharpened(model_type: str, head: str, seed: int = 0):
-    """A tiny random model has q.k ~ 0, so positions barely matter: scale q and k up until they do."""
-    model = make_model(model_type, head, seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("attn.c_attn.weight"):
-                param[:, : 2 * model.config.hidden_size] *= 6
-            elif re.search(r"attention\.self\.(query|key)\.weight$", name):
-                param *= 6
-    return model
+def sharpened(model_type: str, head: str):
+    return sharpen_qk(make_model(model_type, head))
 
 
 def inputs(model_type: str):
