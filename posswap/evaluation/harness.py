@@ -53,6 +53,7 @@ def evaluate(
     texts). ``max_tokens`` is the budget of scored tokens per model and length. With ``out``, also writes
     ``results.json`` and the PNG plots there."""
     from ..data.splits import load_text_dataset
+    from ..files import check_output_dir
     from ..loading import from_pretrained
     from .plots import plot_similarity, slug, write_plots  # here: `import posswap` need not load matplotlib
 
@@ -67,6 +68,8 @@ def evaluate(
         raise ValueError(f"max_tokens must be positive; got {max_tokens}.")
     if any(not 0.0 <= depth <= 1.0 for depth in passkey_depths):
         raise ValueError(f"Passkey depths must lie between 0 and 1; got {list(passkey_depths)}.")
+    if out is not None:
+        check_output_dir(out, flag="out")  # a file in the way fails now, not after the scoring
     tokenizer = _tokenizer(tokenizer, models)
     texts = load_text_dataset(data)["text"] if isinstance(data, str) else list(data)
     stream = token_stream(texts, tokenizer, max(max_tokens, lengths[-1]), min_tokens=lengths[-1])

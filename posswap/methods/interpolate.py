@@ -11,6 +11,7 @@ from torch import nn
 from ..architectures import Sites
 from ..config import PositionConfig, check_choice
 from ..functional import RESAMPLE_MODES, resample_table
+from ..memory import check_patch_fits
 from ..registry import register_method
 
 logger = logging.getLogger("posswap")
@@ -49,6 +50,7 @@ def check(model: nn.Module, sites: Sites, config: InterpolateConfig) -> None:
             "This model has no learned position table left to interpolate (a method dropped it). "
             "Start from the original checkpoint."
         )
+    check_patch_fits(model, config)  # before the new table is allocated
 
 
 def apply(model: nn.Module, sites: Sites, config: InterpolateConfig) -> None:
