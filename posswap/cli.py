@@ -43,14 +43,20 @@ def _chosen_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cmd_patch(args: argparse.Namespace) -> None:
     from .config import config_from_dict
-    from .loading import load_model_and_tokenizer, save_model_and_tokenizer
+    from .files import check_folder_target
+    from .loading import load_model_and_tokenizer, resolve_model_id, save_model_and_tokenizer
+    from .memory import check_patch_fits
     from .patching import patch
 
-    config = config_from_dict({"method": args.method, **_chosen_options(args)})  # fails before any download
-    model, tokenizer = load_model_and_tokenizer(args.model)
+    # Everything that can be checked fails before any download or write.
+    config = config_from_dict({"method": args.method, **_chosen_options(args)})
+    source = resolve_model_id(args.model)
+    check_folder_target(args.out, args.overwrite, source)
+    model, tokenizer = load_model_and_tokenizer(source)
     before = model.config.max_position_embeddings
+    check_patch_fits(model, config)
     patch(model, config, tokenizer=tokenizer)
-    save_model_and_tokenizer(model, tokenizer, args.out)
+    save_model_and_tokenizer(model, tokenizer, args.out, overwrite=args.overwrite, source=source)
     print(
         f"Patched {args.model} ({type(model).__name__}) with {config.method}: "
         f"max_position_embeddings {before} -> {model.config.max_position_embeddings}. Saved to {args.out}"
@@ -65,7 +71,10 @@ def _cmd_demo(args: argparse.Namespace) -> None:
 
 def _cmd_eval(args: argparse.Namespace) -> None:
     from .evaluation import evaluate
+    from .files import check_output_dir
 
+    check_output_dir(args.out)  # a file there fails now, not after the scoring
+    depths = _float_list(args.passkey_depths, "--passkey-depths", "0,0.5,1")
     results = evaluate(
         _short_names(args.models),
         args.tokenizer,
@@ -75,7 +84,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         beyond=args.beyond,
         max_tokens=args.max_tokens,
         passkey_trials=args.passkey_trials,
-        passkey_depths=tuple(float(d) for d in args.passkey_depths.split(",")),
+        passkey_depths=tuple(depths),
         seed=args.seed,
         out=args.out,
         device=args.device,
@@ -125,11 +134,18 @@ def _int_list(text: str) -> list[int]:
         raise ValueError(f"--lengths must be comma-separated token counts such as 256,512,1024; got {text!r}.") from None
 
 
+def _float_list(text: str, flag: str, example: str) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated numbers such as {example}; got {text!r}.") from None
+
+
 def _cmd_train(args: argparse.Namespace) -> None:
     from .training import load_recipe, train
 
     recipe, raw = load_recipe(args.recipe, args.set)  # every key checked before anything is loaded or written
-    final = train(recipe, raw, resume=args.resume)
+    final = train(recipe, raw, resume=args.resume, overwrite=args.overwrite)
     print(f"Trained model saved to {final}")
 
 
@@ -149,12 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
     from . import methods  # noqa: F401  (fills METHODS)
 
     parser = argparse.ArgumentParser(prog="posswap", description="Swap the position handling of pretrained transformers.")
+    parser.add_argument("--debug", action="store_true", help="Show the full traceback of an error.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     p = commands.add_parser("patch", help="Patch a checkpoint and save it (with its tokenizer) to a folder.")
     p.add_argument("model", help="Hub id or local folder of a BERT-family or GPT-2 checkpoint.")
     p.add_argument("--method", required=True, choices=sorted(METHODS), help="Position method to apply.")
-    p.add_argument("--out", required=True, help="Folder to write the patched model and tokenizer to.")
+    p.add_argument("--out", required=True, help="New folder to write the patched model and tokenizer to.")
+    p.add_argument("--overwrite", action="store_true", help="Replace --out if it is a model folder (holds config.json) written earlier.")
     _method_options(p)
     p.set_defaults(run=_cmd_patch)
 
@@ -181,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("recipe", help="Recipe YAML file.")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Override a recipe value, e.g. train.max_steps=200 (repeatable).")
     t.add_argument("--resume", action="store_true", help="Continue from the latest checkpoint in train.output_dir.")
+    t.add_argument("--overwrite", action="store_true", help="Replace the model folder an earlier run left in train.output_dir/model.")
     t.set_defaults(run=_cmd_train)
 
     s = commands.add_parser("study", help="The extension study: each method on each base, untrained and after an equal budget.")
@@ -210,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--push", default=None, metavar="REPO_ID", help="Also upload the export to this Hub repo.")
     x.add_argument("--private", action="store_true", help="With --push: create the repo as private.")
     x.set_defaults(run=_cmd_export)
+    for sub in commands.choices.values():  # --debug also after the command; SUPPRESS keeps one given before it
+        sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="Show the full traceback of an error.")
     return parser
 
 
@@ -217,10 +238,35 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.run(args)
-    except (ValueError, TypeError, OSError) as error:
-        print(f"posswap {args.command}: error: {error}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print(f"posswap {args.command}: interrupted.", file=sys.stderr)
+        return 130
+    except Exception as error:
+        if args.debug:
+            raise
+        return _report(args.command, error)
     return 0
+
+
+def _report(command: str, error: Exception) -> int:
+    """One line on stderr: exit 2 for what the user can fix (inputs, files, memory), 1 for anything else."""
+    message = " ".join(str(error).split()) or type(error).__name__
+    if isinstance(error, _USER_ERRORS) or _out_of_memory(error):
+        print(f"posswap {command}: error: {message}", file=sys.stderr)
+        return 2
+    print(f"posswap {command}: unexpected {type(error).__name__}: {message} (run with --debug for the traceback)", file=sys.stderr)
+    return 1
+
+
+# A user's mistake: a bad value (ValueError, TypeError), a file that is missing or unreadable (OSError),
+# a file that is not YAML, no memory for what was asked.
+_USER_ERRORS = (ValueError, TypeError, OSError, yaml.YAMLError, MemoryError)
+
+
+def _out_of_memory(error: Exception) -> bool:
+    import torch
+
+    return isinstance(error, torch.OutOfMemoryError) or (isinstance(error, RuntimeError) and "allocate" in str(error))
 
 
 if __name__ == "__main__":

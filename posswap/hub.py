@@ -41,6 +41,10 @@ def model_card(
 
     config = _config_dict(model_or_folder)
     block = config.get("posswap")
+    if block and isinstance(model_or_folder, (str, os.PathLike)):
+        from .loading import check_posswap_block
+
+        check_posswap_block(block, str(model_or_folder))  # a hand-edited block is named, not a KeyError
     if not block:
         raise ValueError(
             f"{_describe(model_or_folder)} has no 'posswap' block in its config: it is not a patched model. "

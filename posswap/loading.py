@@ -4,8 +4,6 @@ Auto-class registration that lets transformers load posswap-<type> folders where
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +11,7 @@ import transformers
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+from .files import write_folder
 from .patching import CONFIG_KEY, patch, patched_config
 from .portable.modeling_posswap import (
     AUTO_HEADS,
@@ -43,12 +42,30 @@ def minilm_path() -> str:
 EMBEDDED_MODELS = {"posswap:minilm": minilm_path}
 
 
-def resolve_model_id(name_or_path: str) -> str:
+def resolve_model_id(name_or_path: str | os.PathLike) -> str:
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(f"Expected a Hub id or a model folder, got {type(name_or_path).__name__} {name_or_path!r}.")
+    name_or_path = str(name_or_path)
     if name_or_path.startswith("posswap:"):
         if name_or_path not in EMBEDDED_MODELS:
             raise ValueError(f"No embedded model {name_or_path!r}; embedded models: {', '.join(EMBEDDED_MODELS)}.")
         return EMBEDDED_MODELS[name_or_path]()
+    if not os.path.exists(name_or_path) and _looks_like_path(name_or_path):
+        raise ValueError(f"No model folder {name_or_path!r}: it does not exist. Check the path, or give a Hub id such as gpt2.")
     return name_or_path
+
+
+def _looks_like_path(name: str) -> bool:
+    """``./nope``, ``/abs/x``, ``a/b/c`` or ``out/x`` with ``out`` a local folder: meant as a folder, not a Hub id."""
+    from huggingface_hub.utils import validate_repo_id
+
+    if name.startswith((".", "/", "~", "\\")):
+        return True
+    try:
+        validate_repo_id(name)
+    except ValueError:  # HFValidationError
+        return True
+    return "/" in name and os.path.isdir(name.split("/")[0])
 
 
 def from_pretrained(name_or_path: str, model_class: type[PreTrainedModel] | None = None, **kwargs: Any) -> PreTrainedModel:
@@ -61,9 +78,15 @@ def from_pretrained(name_or_path: str, model_class: type[PreTrainedModel] | None
     to transformers' ``from_pretrained`` (``dtype``, ``device_map``, ``attn_implementation``, ``revision`` ...).
     A checkpoint without a posswap block loads as the stock model.
     """
+    if model_class is not None and not (isinstance(model_class, type) and hasattr(model_class, "from_pretrained")):
+        raise TypeError(
+            f"model_class must be a transformers model class such as AutoModelForMaskedLM or GPT2LMHeadModel, "
+            f"got {model_class!r}."
+        )
     name_or_path = resolve_model_id(name_or_path)
     config = AutoConfig.from_pretrained(name_or_path, **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs})
     block = getattr(config, CONFIG_KEY, None)
+    check_posswap_block(block, name_or_path)
     runtime = isinstance(block, dict) and block.get("method") in RUNTIME_METHODS
     if runtime and not isinstance(config, PosswapConfigMixin):  # saved before model_type posswap-<type>
         config.__class__ = CONFIG_CLASSES[config.model_type]
@@ -79,8 +102,6 @@ def from_pretrained(name_or_path: str, model_class: type[PreTrainedModel] | None
 def _model_class(config, model_class: type | None, runtime: bool) -> type[PreTrainedModel]:
     if model_class is None:
         model_class = _saved_class(config)
-    if not (isinstance(model_class, type) and (issubclass(model_class, PreTrainedModel) or _is_auto_class(model_class))):
-        raise TypeError(f"model_class must be a transformers model class such as AutoModelForMaskedLM, got {model_class!r}.")
     if runtime and issubclass(model_class, PreTrainedModel) and not issubclass(model_class, PosswapModelMixin):
         if model_class.__name__ not in MODEL_CLASSES:
             raise ValueError(f"{model_class.__name__} is not a {config.model_type} model class; pick one for this checkpoint.")
@@ -88,8 +109,17 @@ def _model_class(config, model_class: type | None, runtime: bool) -> type[PreTra
     return model_class  # an Auto class finds posswap's subclass itself (registered below)
 
 
-def _is_auto_class(cls: type) -> bool:
-    return hasattr(cls, "_model_mapping")
+def check_posswap_block(block: Any, where: str) -> None:
+    """A config.json's posswap block must be what patch() writes; a hand-edited one is named, not a KeyError."""
+    if block is None:
+        return
+    needed = ("method", "max_length", "original_length")
+    if not isinstance(block, dict) or any(key not in block for key in needed):
+        got = f"a mapping without {', '.join(k for k in needed if k not in block)}" if isinstance(block, dict) else type(block).__name__
+        raise ValueError(
+            f"{where}/config.json: the {CONFIG_KEY!r} block must be a mapping with {', '.join(needed)} "
+            f"(as posswap.patch writes it); got {got}. Re-save the model with posswap, or delete the block to load it unpatched."
+        )
 
 
 def _saved_class(config) -> type[PreTrainedModel]:
@@ -124,22 +154,18 @@ def load_model_and_tokenizer(name_or_path: str, **kwargs: Any):
     return model, tokenizer
 
 
-def save_model_and_tokenizer(model: PreTrainedModel, tokenizer: Any, out: str | os.PathLike) -> None:
-    """Write into a temporary folder beside ``out`` and move it into place: ``out`` is never half-written."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        model.save_pretrained(staging)
+def save_model_and_tokenizer(
+    model: PreTrainedModel, tokenizer: Any, out: str | os.PathLike, overwrite: bool = False, source: str | None = None, flag: str = "--out"
+) -> Path:
+    """Write the model (and tokenizer) to ``out`` atomically: staged beside it, then renamed into place.
+
+    An existing non-empty ``out`` is an error unless ``overwrite``; even then only a model folder (it holds
+    config.json) that does not contain ``source`` (the folder the model was read from) is replaced.
+    """
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder)
         if tokenizer is not None:
-            tokenizer.save_pretrained(staging)
-        if out.exists():
-            retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-            os.replace(out, retired / out.name)
-            os.replace(staging, out)
-            shutil.rmtree(retired)
-        else:
-            os.replace(staging, out)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
+            tokenizer.save_pretrained(folder)
+
+    return write_folder(out, write, overwrite=overwrite, source=source, flag=flag)

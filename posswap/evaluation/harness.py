@@ -55,6 +55,7 @@ def evaluate(
     ``results.json`` and the PNG plots there. Models run on ``device`` (default: cuda when there is a GPU, else
     cpu); a model handed in as an object goes back to its own device afterwards."""
     from ..data.splits import load_text_dataset
+    from ..files import check_output_dir
     from ..loading import from_pretrained
     from .plots import plot_similarity, slug, write_plots  # here: `import posswap` need not load matplotlib
 
@@ -70,6 +71,8 @@ def evaluate(
     if any(not 0.0 <= depth <= 1.0 for depth in passkey_depths):
         raise ValueError(f"Passkey depths must lie between 0 and 1; got {list(passkey_depths)}.")
     device = resolve_device(device)
+    if out is not None:
+        check_output_dir(out, flag="out")  # a file in the way fails now, not after the scoring
     tokenizer = _tokenizer(tokenizer, models)
     texts = load_text_dataset(data)["text"] if isinstance(data, str) else list(data)
     stream = token_stream(texts, tokenizer, max(max_tokens, lengths[-1]), min_tokens=lengths[-1])

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -23,6 +22,7 @@ import yaml
 
 from ..evaluation import Results, evaluate
 from ..evaluation.plots import write_plots
+from ..files import remove_model_folder
 from .plan import EXTEND, HELDOUT_DATA, BaseSpec, Budget, variant_patch
 from .report import base_summary, curve_plot
 
@@ -96,7 +96,7 @@ class Study:
             return run_dir / "model"
         recipe = recipe_from_dict(raw)
         # An older run's model must go first: a crash of this one would otherwise leave it beside this recipe.
-        shutil.rmtree(run_dir / "model", ignore_errors=True)
+        remove_model_folder(run_dir / "model")  # only a model folder: never what a user put there
         if curve is not None:
             curve.path = curve_file
             curve_file.parent.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,9 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, get_cosine_schedule_with_warmup
 
 from ..architectures import find_sites
+from ..files import check_folder_target
 from ..loading import from_pretrained, resolve_model_id, save_model_and_tokenizer
+from ..memory import check_patch_fits
 from ..patching import patch, patched_config
 from .checkpoint import latest_checkpoint, load_checkpoint, log_lines_upto, prune_checkpoints, resumable_checkpoint, save_checkpoint
 from .data import packed_windows
@@ -41,11 +43,18 @@ def load_patched_model(recipe: Recipe):
     causal = AutoConfig.from_pretrained(name).model_type == "gpt2"
     model = from_pretrained(name, model_class=AutoModelForCausalLM if causal else AutoModelForMaskedLM)
     if recipe.posswap is not None and patched_config(model) != recipe.posswap:
+        check_patch_fits(model, recipe.posswap)
         patch(model, recipe.posswap, tokenizer=tokenizer)
     tokenizer.model_max_length = find_sites(model).max_length
     if causal and tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer, causal
+
+
+def _local_source(name: str) -> str | None:
+    """The folder the model is read from, if it is one (a run must not replace its own starting point)."""
+    path = resolve_model_id(name)
+    return path if Path(path).exists() else None
 
 
 def _has_accelerator() -> bool:
@@ -60,12 +69,19 @@ def stage_bounds(max_steps: int, stages: int) -> list[tuple[int, int]]:
     return [(i * size, max_steps if i == stages - 1 else (i + 1) * size) for i in range(stages)]
 
 
-def train(recipe: Recipe, raw: dict[str, Any] | None = None, resume: bool = False, callbacks: list[Callable] = ()) -> Path:
+def train(
+    recipe: Recipe, raw: dict[str, Any] | None = None, resume: bool = False, callbacks: list[Callable] = (), overwrite: bool = False
+) -> Path:
     """Run ``recipe``; returns the folder of the final model. ``callbacks`` are called after each
     optimizer step (and after its checkpoint) as ``(step, loss, model)``: the unwrapped model, in train mode
-    (a callback that evaluates it puts it back)."""
+    (a callback that evaluates it puts it back). A model folder an earlier run left in ``output_dir/model``
+    is replaced only with ``overwrite`` (or ``resume``: the same run)."""
     t = recipe.train
     run_dir = Path(t.output_dir)
+    final_dir = run_dir / "model"
+    replace = overwrite or resume
+    # Found out now, not after the training: the final save may not replace what is there.
+    check_folder_target(final_dir, replace, _local_source(recipe.model), flag="train.output_dir: model folder")
     if not resume and latest_checkpoint(run_dir) is not None:
         raise ValueError(f"{run_dir} already holds checkpoints: pass --resume to continue, or choose another train.output_dir.")
     checkpoint = resumable_checkpoint(run_dir) if resume else None  # checked before anything is loaded
@@ -170,10 +186,9 @@ def train(recipe: Recipe, raw: dict[str, Any] | None = None, resume: bool = Fals
     bar.close()
 
     accelerator.wait_for_everyone()
-    final_dir = run_dir / "model"
     final = _final_model(accelerator, model, recipe)
     if accelerator.is_main_process:
-        save_model_and_tokenizer(final, tokenizer, final_dir)
+        save_model_and_tokenizer(final, tokenizer, final_dir, overwrite=replace, source=_local_source(recipe.model), flag="train.output_dir: model folder")
         _evaluate(recipe, final, tokenizer, run_dir, accelerator.device)
         if recipe.push_to_hub:
             _push(recipe, final_dir, run_dir)

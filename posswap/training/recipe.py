@@ -75,7 +75,9 @@ class TrainSpec:
         check_choice("train.mixed_precision", self.mixed_precision, MIXED_PRECISION)
         check_choice("train.trainable", self.trainable, TRAINABLE)
         self.lora.validate()
-        if not 0 < self.mlm_probability < 1:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"train.seed must be an integer >= 0, got {self.seed!r}.")
+        if isinstance(self.mlm_probability, bool) or not isinstance(self.mlm_probability, (int, float)) or not 0 < self.mlm_probability < 1:
             raise ValueError(f"train.mlm_probability must be in (0, 1), got {self.mlm_probability!r}.")
         if self.pose_window is not None:
             check_positive_int("train.pose_window", self.pose_window)
@@ -144,6 +146,8 @@ def recipe_from_dict(raw: dict[str, Any]) -> Recipe:
         raise ValueError(f"Unknown key(s) in the recipe: {', '.join(unknown)}. Known blocks: {', '.join(sorted(known))}.")
     if not raw.get("model") or not isinstance(raw["model"], str):
         raise ValueError("The recipe needs model: (a Hub id or a local folder).")
+    if raw.get("tokenizer") is not None and not isinstance(raw["tokenizer"], str):
+        raise ValueError(f"tokenizer: must be a Hub id or a local folder (or left out: the model's), got {raw['tokenizer']!r}.")
     if "posswap" not in raw:
         raise ValueError("The recipe needs a posswap: block, e.g. {method: rope, max_length: 4096} (null: no patch).")
     recipe = Recipe(
@@ -188,6 +192,14 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> tuple[Recipe, di
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"No recipe file {str(path)!r}.")
-    raw = yaml.safe_load(path.read_text()) or {}
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as error:  # the parser's own message spans several lines
+        mark = getattr(error, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(error, "problem", None) or type(error).__name__
+        raise ValueError(f"Recipe {str(path)!r} is not valid YAML{where}: {problem}. Fix the file; see recipes/ for examples.") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"Recipe {str(path)!r} must be a YAML mapping with model:, posswap:, data:, train:, eval: blocks.")
     raw = apply_overrides(raw, list(overrides))
     return recipe_from_dict(raw), raw
