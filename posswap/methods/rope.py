@@ -48,9 +48,10 @@ class RopeConfig(PositionConfig):
     backend: str | None = field(default=None, metadata={"help": "Attention kernel: sdpa, flex or eager; default: as loaded."})
 
     def validate(self) -> None:
+        from ..config import check_number
+
         super().validate()
-        if isinstance(self.theta, bool) or not isinstance(self.theta, (int, float)) or self.theta <= 1:
-            raise ValueError(f"theta must be a number > 1, got {self.theta!r}.")
+        check_number("theta", self.theta, above=1)
         if self.rotary_dim is not None:
             r = self.rotary_dim
             ok_fraction = isinstance(r, float) and 0 < r <= 1
@@ -61,8 +62,7 @@ class RopeConfig(PositionConfig):
         if self.factor is not None:
             if self.scaling is None:
                 raise ValueError("factor only applies with scaling='linear', 'dynamic' or 'yarn'; set scaling or drop factor.")
-            if isinstance(self.factor, bool) or not isinstance(self.factor, (int, float)) or self.factor < 1:
-                raise ValueError(f"factor must be a number >= 1, got {self.factor!r}.")
+            check_number("factor", self.factor, minimum=1)
         check_choice("absolute", self.absolute, ABSOLUTE_CHOICES)
         validate_backend(self.backend)
 
