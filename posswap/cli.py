@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from .config import load_yaml
 from .registry import METHODS
 
 
@@ -32,8 +33,9 @@ def _method_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _scalar(text: str) -> Any:
-    """``4096`` -> 4096, ``0.5`` -> 0.5, ``yarn`` -> "yarn", ``null`` -> None: the config validates the type."""
-    return yaml.safe_load(text)
+    """``4096`` -> 4096, ``0.5`` -> 0.5, ``1e6`` -> 1000000.0, ``yarn`` -> "yarn", ``null`` -> None: the config
+    validates the type."""
+    return load_yaml(text)
 
 
 def _chosen_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -144,8 +146,10 @@ def _float_list(text: str, flag: str, example: str) -> list[float]:
 def _cmd_train(args: argparse.Namespace) -> None:
     from .training import load_recipe, train
 
+    if args.force and not args.resume:
+        raise ValueError("--force only applies with --resume (it resumes checkpoints made with another recipe).")
     recipe, raw = load_recipe(args.recipe, args.set)  # every key checked before anything is loaded or written
-    final = train(recipe, raw, resume=args.resume, overwrite=args.overwrite)
+    final = train(recipe, raw, resume=args.resume, overwrite=args.overwrite, force=args.force)
     print(f"Trained model saved to {final}")
 
 
@@ -200,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Override a recipe value, e.g. train.max_steps=200 (repeatable).")
     t.add_argument("--resume", action="store_true", help="Continue from the latest checkpoint in train.output_dir.")
     t.add_argument("--overwrite", action="store_true", help="Replace the model folder an earlier run left in train.output_dir/model.")
+    t.add_argument("--force", action="store_true", help="With --resume: continue even if the recipe differs from the one the checkpoints were made with.")
     t.set_defaults(run=_cmd_train)
 
     s = commands.add_parser("study", help="The extension study: each method on each base, untrained and after an equal budget.")

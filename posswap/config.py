@@ -8,8 +8,13 @@ checkpoints all go through :func:`config_from_dict`.
 from __future__ import annotations
 
 import dataclasses
+import math
+import operator
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+import yaml
 
 
 @dataclass
@@ -35,6 +40,43 @@ def check_positive_int(name: str, value: Any) -> None:
     # bool is an int subclass; True is not a length.
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+
+
+_COMPARE = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
+
+
+def check_number(
+    name: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
+    integer: bool = False,
+) -> None:
+    """Refuse ``value`` unless it is a finite int or float (an int with ``integer``) within the bounds:
+    ``minimum`` / ``maximum`` inclusive, ``above`` / ``below`` exclusive. bool, strings, NaN and inf are refused:
+    NaN slips through every comparison (``nan < 1`` is False), and a NaN theta makes every logit NaN."""
+    bounds = [(op, b) for op, b in ((">=", minimum), ("<=", maximum), (">", above), ("<", below)) if b is not None]
+    limits = "".join(f" {'and ' if i else ''}{op} {b}" for i, (op, b) in enumerate(bounds))  # " > 0 and < 1"
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        raise ValueError(f"{name} must be {kind}{limits}, got {value!r}.")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number{limits}, got {value!r}.")
+    if not all(_COMPARE[op](value, b) for op, b in bounds):
+        raise ValueError(f"{name} must be {kind}{limits}, got {value!r}.")
+
+
+def check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):  # "no" from a hand-quoted YAML string would otherwise be true
+        raise ValueError(f"{name} must be true or false, got {value!r}.")
+
+
+def check_text(name: str, value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a non-empty string, got {value!r}.")
 
 
 def check_choice(name: str, value: Any, choices: tuple) -> None:
@@ -63,3 +105,20 @@ def config_from_dict(data: dict[str, Any]) -> PositionConfig:
     if "max_length" not in data:
         raise ValueError(f"Method {spec.name!r} needs 'max_length' (the new context length in tokens).")
     return spec.config_class(**data)
+
+
+class YamlLoader(yaml.SafeLoader):
+    """yaml.safe_load's rules, except that ``1e6``, ``3e-3`` and ``1.0e6`` are floats: YAML 1.1 wants a dot
+    and a signed exponent, so ``lr: 3e-3`` would otherwise be the string '3e-3'."""
+
+
+YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML as posswap reads it everywhere (recipes, --set values, CLI options)."""
+    return yaml.load(text, Loader=YamlLoader)

@@ -24,6 +24,7 @@ SPLITS: dict[str, tuple[str, ...]] = {
 }
 EMBEDDED_PREFIX = "posswap:"
 _LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+LOCAL_SUFFIXES = tuple(_LOCAL_BUILDERS)  # what a local --data / data.train file may end with
 
 
 def load_split(split: str) -> datasets.Dataset:

@@ -11,6 +11,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..architectures import ARCHITECTURES
+from ..config import check_choice, check_number
 from .causal import BEYOND, TokenLosses, sliding_losses, window_losses
 from .masked import mask_windows, masked_lm_scores, with_special_tokens
 from .passkey import DEPTHS, build_prompt, passkey_found, random_keys, shortest_prompt
@@ -59,17 +60,7 @@ def evaluate(
     from ..loading import from_pretrained
     from .plots import plot_similarity, slug, write_plots  # here: `import posswap` need not load matplotlib
 
-    lengths = sorted({int(length) for length in lengths})
-    if not lengths or lengths[0] < 2:
-        raise ValueError(f"lengths must be at least 2 tokens each; got {lengths}.")
-    if beyond not in BEYOND:
-        raise ValueError(f"beyond must be one of {', '.join(BEYOND)}; got {beyond!r}.")
-    if stride is not None and stride < 1:
-        raise ValueError(f"stride must be a positive number of tokens; got {stride}.")
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be positive; got {max_tokens}.")
-    if any(not 0.0 <= depth <= 1.0 for depth in passkey_depths):
-        raise ValueError(f"Passkey depths must lie between 0 and 1; got {list(passkey_depths)}.")
+    lengths = check_settings(lengths, beyond, stride, max_tokens, passkey_trials, passkey_depths, seed)
     device = resolve_device(device)
     if out is not None:
         check_output_dir(out, flag="out")  # a file in the way fails now, not after the scoring
@@ -121,6 +112,27 @@ def evaluate(
         results.save(Path(out) / "results.json")
         write_plots(results, Path(out))
     return results
+
+
+def check_settings(
+    lengths, beyond="truncate", stride=None, max_tokens=8192, passkey_trials=0, passkey_depths=DEPTHS, seed=0, prefix=""
+) -> list[int]:
+    """Refuse evaluation settings that cannot work (``prefix``: where they come from, e.g. ``eval.``);
+    returns the sorted distinct lengths. Recipes call this before training, so a bad value never waits
+    for the end of a run."""
+    if not isinstance(lengths, (list, tuple)) or not lengths:
+        raise ValueError(f"{prefix}lengths must be a non-empty list of token counts, got {lengths!r}.")
+    for length in lengths:
+        check_number(f"{prefix}lengths entries", length, minimum=2, integer=True)
+    check_choice(f"{prefix}beyond", beyond, BEYOND)
+    if stride is not None:
+        check_number(f"{prefix}stride", stride, minimum=1, integer=True)
+    check_number(f"{prefix}max_tokens", max_tokens, minimum=1, integer=True)
+    check_number(f"{prefix}passkey_trials", passkey_trials, minimum=0, integer=True)
+    for depth in passkey_depths:
+        check_number(f"{prefix}passkey depths", depth, minimum=0, maximum=1)
+    check_number(f"{prefix}seed", seed, minimum=0, integer=True)
+    return sorted(set(lengths))
 
 
 def _tokenizer(tokenizer, models):

@@ -13,7 +13,7 @@ from torch import nn
 from ..absolute import ABSOLUTE_CHOICES, check_absolute, keep_table, planned_table_weight
 from ..architectures import Sites
 from ..backends import check_backend, validate_backend
-from ..config import PositionConfig, check_choice
+from ..config import PositionConfig, check_choice, check_number
 from ..portable.posswap_rotary import resolve_rotary_dim
 from ..registry import register_method
 
@@ -38,8 +38,7 @@ class RopeConfig(PositionConfig):
 
     def validate(self) -> None:
         super().validate()
-        if isinstance(self.theta, bool) or not isinstance(self.theta, (int, float)) or self.theta <= 1:
-            raise ValueError(f"theta must be a number > 1, got {self.theta!r}.")
+        check_number("theta", self.theta, above=1)
         if self.rotary_dim is not None:
             r = self.rotary_dim
             ok_fraction = isinstance(r, float) and 0 < r <= 1
@@ -50,8 +49,7 @@ class RopeConfig(PositionConfig):
         if self.factor is not None:
             if self.scaling is None:
                 raise ValueError("factor only applies with scaling='linear', 'dynamic' or 'yarn'; set scaling or drop factor.")
-            if isinstance(self.factor, bool) or not isinstance(self.factor, (int, float)) or self.factor < 1:
-                raise ValueError(f"factor must be a number >= 1, got {self.factor!r}.")
+            check_number("factor", self.factor, minimum=1)
         check_choice("absolute", self.absolute, ABSOLUTE_CHOICES)
         validate_backend(self.backend)
 

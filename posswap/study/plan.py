@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..config import check_number
+
 TRAIN_DATA = "posswap:train"  # five Austen novels + the King James Bible
 HELDOUT_DATA = "posswap:austen-heldout"  # Persuasion: in no training split
 EXTEND = 4  # trained length = EXTEND x the original
@@ -115,8 +117,7 @@ def select(
             raise ValueError(f"--steps must be a positive number of optimizer steps; got {steps}.")
         specs = tuple(replace(spec, budget=replace(spec.budget, steps=steps, eval_every=min(spec.budget.eval_every, steps))) for spec in specs)
     if lr is not None:
-        if not lr > 0:
-            raise ValueError(f"--lr must be a positive learning rate; got {lr}.")
+        check_number("--lr", lr, above=0)
         specs = tuple(replace(spec, budget=replace(spec.budget, lr=lr)) for spec in specs)
     if not baseline:
         specs = tuple(replace(spec, baseline=False) for spec in specs)

@@ -18,8 +18,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-import yaml
 
+from ..config import load_yaml
 from ..evaluation import Results, evaluate
 from ..evaluation.plots import write_plots
 from ..files import remove_model_folder
@@ -89,7 +89,7 @@ class Study:
         run_dir = Path(raw["train"]["output_dir"])
         done = run_dir / "model" / "config.json"
         curve_file = run_dir / "curve.json"
-        if done.exists() and (run_dir / "recipe.yaml").exists() and yaml.safe_load((run_dir / "recipe.yaml").read_text()) == raw:
+        if done.exists() and (run_dir / "recipe.yaml").exists() and load_yaml((run_dir / "recipe.yaml").read_text()) == raw:
             if curve is not None and curve_file.exists():
                 curve.points = [tuple(p) for p in json.loads(curve_file.read_text())]
             print(f"posswap study: {run_dir} already trained with this recipe; reusing it.")
@@ -112,7 +112,7 @@ class Study:
                 return self.reference
             from .reference import RECIPE, pretrain_reference
 
-            default = Path(yaml.safe_load(RECIPE.read_text())["train"]["output_dir"]) / "model"
+            default = Path(load_yaml(RECIPE.read_text())["train"]["output_dir"]) / "model"
             if (default / "config.json").exists():
                 return default
             print("posswap study: no reference GPT-2 yet; pretraining it first (about 55 min on 2 CPU cores).")

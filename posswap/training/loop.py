@@ -29,10 +29,11 @@ from ..patching import patch, patched_config
 from .checkpoint import latest_checkpoint, load_checkpoint, log_lines_upto, prune_checkpoints, resumable_checkpoint, save_checkpoint
 from .data import packed_windows
 from .objectives import batch_preparer, stack_windows
-from .recipe import Recipe
+from .recipe import Recipe, recipe_differences
 from .trainable import merged, select_trainable
 
 MAX_GRAD_NORM = 1.0
+RECIPE_JSON = "recipe.json"  # the resolved recipe the run's checkpoints were made with
 
 
 def load_patched_model(recipe: Recipe):
@@ -70,12 +71,20 @@ def stage_bounds(max_steps: int, stages: int) -> list[tuple[int, int]]:
 
 
 def train(
-    recipe: Recipe, raw: dict[str, Any] | None = None, resume: bool = False, callbacks: list[Callable] = (), overwrite: bool = False
+    recipe: Recipe,
+    raw: dict[str, Any] | None = None,
+    resume: bool = False,
+    callbacks: list[Callable] = (),
+    overwrite: bool = False,
+    force: bool = False,
 ) -> Path:
     """Run ``recipe``; returns the folder of the final model. ``callbacks`` are called after each
     optimizer step (and after its checkpoint) as ``(step, loss, model)``: the unwrapped model, in train mode
     (a callback that evaluates it puts it back). A model folder an earlier run left in ``output_dir/model``
-    is replaced only with ``overwrite`` (or ``resume``: the same run)."""
+    is replaced only with ``overwrite`` (or ``resume``: the same run). ``force``: resume even if the recipe
+    differs from the one the checkpoints were made with."""
+    recipe.validate()  # also when built in Python rather than by recipe_from_dict
+    recipe.check_sources()
     t = recipe.train
     run_dir = Path(t.output_dir)
     final_dir = run_dir / "model"
@@ -85,6 +94,8 @@ def train(
     if not resume and latest_checkpoint(run_dir) is not None:
         raise ValueError(f"{run_dir} already holds checkpoints: pass --resume to continue, or choose another train.output_dir.")
     checkpoint = resumable_checkpoint(run_dir) if resume else None  # checked before anything is loaded
+    if resume and not force:
+        check_same_recipe(run_dir, recipe)
     if recipe.push_to_hub:
         from huggingface_hub import get_token
 
@@ -129,11 +140,15 @@ def train(
     if checkpoint is not None:
         progress = load_checkpoint(checkpoint, accelerator.unwrap_model(model), optimizer, scheduler, accelerator.process_index, accelerator.num_processes)
         step = progress["step"]
+        if force:
+            _use_recipe_rates(optimizer, scheduler, t)
         accelerator.print(f"Resumed from {checkpoint} at step {step}.")
     log_path = run_dir / "log.jsonl"
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "recipe.yaml").write_text(yaml.safe_dump(raw or {}, sort_keys=False))
+        # Rewritten on every start: after a --force resume, the next --resume compares with what ran last.
+        (run_dir / RECIPE_JSON).write_text(json.dumps(recipe.to_dict(), indent=1) + "\n")
         # The log says what the weights went through: lines past the checkpoint (or of an old run) go.
         kept = log_lines_upto(log_path, step) if resume else []
         log_path.write_text("".join(line + "\n" for line in kept))
@@ -194,6 +209,29 @@ def train(
             _push(recipe, final_dir, run_dir)
     accelerator.wait_for_everyone()
     return final_dir
+
+
+def check_same_recipe(run_dir: Path, recipe: Recipe) -> None:
+    """Refuse to resume checkpoints made with another recipe, naming the keys that differ."""
+    stored = run_dir / RECIPE_JSON
+    if not stored.is_file():  # a run folder from before recipe.json was kept: nothing to compare with
+        return
+    changed = recipe_differences(json.loads(stored.read_text()), json.loads(json.dumps(recipe.to_dict())))
+    if changed:
+        raise ValueError(
+            f"--resume: the checkpoints in {run_dir} were made with another recipe; it differs in "
+            f"{'; '.join(changed)}. Pass --force to resume with this one anyway, or choose another train.output_dir."
+        )
+
+
+def _use_recipe_rates(optimizer, scheduler, t) -> None:
+    """A checkpoint's optimizer and scheduler state carry the lr and weight decay it was made with; after a
+    --force resume with other values, the recipe's apply from here (decay group first, as built above)."""
+    for group, decay, factor in zip(optimizer.param_groups, (t.weight_decay, 0.0), scheduler.lr_lambdas):
+        group["initial_lr"], group["weight_decay"] = t.lr, decay
+        group["lr"] = t.lr * factor(scheduler.last_epoch)
+    scheduler.base_lrs = [t.lr] * len(optimizer.param_groups)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
 
 
 def _batches(accelerator: Accelerator, loader, consumed: int):

@@ -11,7 +11,10 @@ from typing import Any
 
 import yaml
 
-from ..config import PositionConfig, check_choice, check_positive_int, config_from_dict
+from ..config import (
+    PositionConfig, check_bool, check_choice, check_number, check_positive_int, check_text, config_from_dict, load_yaml,
+)
+from ..evaluation.harness import check_settings
 
 TRAINABLE = ("full", "positions", "lora")
 MIXED_PRECISION = ("no", "bf16", "fp16")
@@ -26,6 +29,8 @@ class DataSpec:
     def validate(self) -> None:
         if not isinstance(self.train, str) or not self.train:
             raise ValueError("data.train must name the training text (posswap:austen-train, a file, or a Hub dataset).")
+        check_text("data.text_column", self.text_column)
+        check_bool("data.streaming", self.streaming)
 
 
 @dataclass
@@ -37,6 +42,7 @@ class LoraSpec:
     def validate(self) -> None:
         check_positive_int("train.lora.r", self.r)
         check_positive_int("train.lora.alpha", self.alpha)
+        check_number("train.lora.dropout", self.dropout, minimum=0, below=1)
 
 
 @dataclass
@@ -66,19 +72,23 @@ class TrainSpec:
             self.lora = _build(LoraSpec, self.lora, "train.lora")
 
     def validate(self, max_length: int | None) -> None:
+        check_text("train.output_dir", self.output_dir)
         for name in ("max_steps", "batch_size", "grad_accum", "save_every", "keep_checkpoints", "log_every"):
             check_positive_int(f"train.{name}", getattr(self, name))
-        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ValueError(f"train.warmup_steps must be an integer >= 0, got {self.warmup_steps!r}.")
-        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or self.lr <= 0:
-            raise ValueError(f"train.lr must be a positive number, got {self.lr!r}.")
+        check_number("train.warmup_steps", self.warmup_steps, minimum=0, integer=True)
+        check_number("train.lr", self.lr, above=0)
+        check_number("train.weight_decay", self.weight_decay, minimum=0)
+        check_number("train.mlm_probability", self.mlm_probability, above=0, below=1)
+        check_number("train.seed", self.seed, minimum=0, maximum=2**32 - 1, integer=True)  # numpy's seed range
         check_choice("train.mixed_precision", self.mixed_precision, MIXED_PRECISION)
         check_choice("train.trainable", self.trainable, TRAINABLE)
+        check_bool("train.gradient_checkpointing", self.gradient_checkpointing)
+        check_bool("train.train_norms", self.train_norms)
         self.lora.validate()
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"train.seed must be an integer >= 0, got {self.seed!r}.")
-        if isinstance(self.mlm_probability, bool) or not isinstance(self.mlm_probability, (int, float)) or not 0 < self.mlm_probability < 1:
-            raise ValueError(f"train.mlm_probability must be in (0, 1), got {self.mlm_probability!r}.")
+        self._validate_lengths(max_length)
+
+    def _validate_lengths(self, max_length: int | None) -> None:
+        """PoSE and the curriculum: two ways to reach posswap.max_length, each shorter than it."""
         if self.pose_window is not None:
             check_positive_int("train.pose_window", self.pose_window)
             if max_length is None:
@@ -87,6 +97,8 @@ class TrainSpec:
                 raise ValueError(f"train.pose_window ({self.pose_window}) must be shorter than posswap.max_length ({max_length}).")
             if self.curriculum:
                 raise ValueError("train.pose_window and train.curriculum are two ways to reach the length; choose one.")
+        if self.curriculum is not None and not isinstance(self.curriculum, list):
+            raise ValueError(f"train.curriculum must be a list of window lengths, got {self.curriculum!r}.")
         for length in self.curriculum or []:
             check_positive_int("train.curriculum entries", length)
             if max_length is not None and length > max_length:
@@ -107,6 +119,11 @@ class EvalSpec:
     passkey_trials: int = 0
     beyond: str = "truncate"
 
+    def validate(self) -> None:
+        no_eval = self.lengths in ([], None)  # the other keys are checked all the same
+        check_settings([2] if no_eval else self.lengths, self.beyond, None, self.max_tokens, self.passkey_trials, prefix="eval.")
+        check_text("eval.data", self.data)
+
 
 @dataclass
 class Recipe:
@@ -122,6 +139,81 @@ class Recipe:
     def max_length(self) -> int | None:
         """The patched length, or None when the model keeps its own (``posswap: null``)."""
         return self.posswap.max_length if self.posswap is not None else None
+
+    def validate(self) -> None:
+        """Every value, before anything is loaded: types and ranges (files: :meth:`check_sources`)."""
+        if not self.model or not isinstance(self.model, str):
+            raise ValueError("The recipe needs model: (a Hub id or a local folder).")
+        if self.tokenizer is not None:
+            check_text("tokenizer", self.tokenizer)
+        if self.posswap is not None:
+            self.posswap.validate()
+        if self.push_to_hub is not None:
+            from huggingface_hub.utils import validate_repo_id
+
+            try:
+                validate_repo_id(self.push_to_hub)
+            except ValueError as error:  # HFValidationError is a ValueError
+                raise ValueError(f"push_to_hub: bad repo id {self.push_to_hub!r}; use 'namespace/name'. ({error})") from None
+        self.data.validate()
+        self.train.validate(self.max_length)
+        self.eval.validate()
+
+    def check_sources(self) -> None:
+        """The local model, tokenizer and data files exist (Hub ids are left to the Hub). Separate from
+        :meth:`validate` because a recipe may name a folder that is built after it is read (the study's
+        reference init); ``train`` calls it before it loads or writes anything."""
+        check_model_source("model", self.model, need_config=True)
+        if self.tokenizer is not None:
+            check_model_source("tokenizer", self.tokenizer, need_config=False)
+        check_data_source("data.train", self.data.train)
+        if self.eval.lengths:
+            check_data_source("eval.data", self.eval.data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved recipe (defaults filled in), as JSON can hold it: what a run folder keeps to check --resume."""
+        as_dict = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        as_dict.update({name: dataclasses.asdict(getattr(self, name)) for name in ("data", "train", "eval")})
+        as_dict["posswap"] = self.posswap.to_dict() if self.posswap is not None else None
+        return as_dict
+
+
+def looks_local(name_or_path: str) -> bool:
+    """A path rather than a Hub id: it starts like one, or it (or its first part, e.g. ``out/``) exists here."""
+    first = Path(name_or_path).parts[0] if Path(name_or_path).parts else name_or_path
+    return name_or_path.startswith(("./", "../", "/", "~")) or Path(name_or_path).exists() or Path(first).exists()
+
+
+def check_model_source(name: str, value: str, need_config: bool) -> None:
+    from ..loading import EMBEDDED_MODELS
+
+    if value.startswith("posswap:"):
+        if value not in EMBEDDED_MODELS:
+            raise ValueError(f"{name}: no embedded model {value!r}; embedded models: {', '.join(EMBEDDED_MODELS)}.")
+        return
+    if not looks_local(value):
+        return
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise ValueError(f"{name}: no local folder {value!r} (a Hub id has no leading ./ ../ / and names no local folder).")
+    if need_config and not (path / "config.json").is_file():
+        raise ValueError(f"{name}: {value!r} has no config.json; give a folder that save_pretrained wrote.")
+
+
+def check_data_source(name: str, value: str) -> None:
+    from ..data.splits import EMBEDDED_PREFIX, LOCAL_SUFFIXES, SPLITS
+
+    if value.startswith(EMBEDDED_PREFIX):
+        if value[len(EMBEDDED_PREFIX):] not in SPLITS:
+            raise ValueError(f"{name}: no embedded split {value!r}; use one of {', '.join(EMBEDDED_PREFIX + s for s in SPLITS)}.")
+        return
+    if not looks_local(value):
+        return
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise ValueError(f"{name}: no local file {value!r}.")
+    if path.suffix not in LOCAL_SUFFIXES:
+        raise ValueError(f"{name}: cannot read {value!r}; use a {', '.join(LOCAL_SUFFIXES)} file.")
 
 
 def _build(cls: type, values: Any, where: str) -> Any:
@@ -144,14 +236,10 @@ def recipe_from_dict(raw: dict[str, Any]) -> Recipe:
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ValueError(f"Unknown key(s) in the recipe: {', '.join(unknown)}. Known blocks: {', '.join(sorted(known))}.")
-    if not raw.get("model") or not isinstance(raw["model"], str):
-        raise ValueError("The recipe needs model: (a Hub id or a local folder).")
-    if raw.get("tokenizer") is not None and not isinstance(raw["tokenizer"], str):
-        raise ValueError(f"tokenizer: must be a Hub id or a local folder (or left out: the model's), got {raw['tokenizer']!r}.")
     if "posswap" not in raw:
         raise ValueError("The recipe needs a posswap: block, e.g. {method: rope, max_length: 4096} (null: no patch).")
     recipe = Recipe(
-        model=raw["model"],
+        model=raw.get("model"),
         tokenizer=raw.get("tokenizer"),
         posswap=config_from_dict(raw["posswap"]) if raw["posswap"] is not None else None,
         data=_build(DataSpec, raw.get("data"), "data"),
@@ -159,15 +247,7 @@ def recipe_from_dict(raw: dict[str, Any]) -> Recipe:
         eval=_build(EvalSpec, raw.get("eval"), "eval"),
         push_to_hub=raw.get("push_to_hub"),
     )
-    if recipe.push_to_hub is not None:
-        from huggingface_hub.utils import validate_repo_id
-
-        try:
-            validate_repo_id(recipe.push_to_hub)
-        except ValueError as error:  # HFValidationError is a ValueError
-            raise ValueError(f"push_to_hub: bad repo id {recipe.push_to_hub!r}; use 'namespace/name'. ({error})") from None
-    recipe.data.validate()
-    recipe.train.validate(recipe.max_length)
+    recipe.validate()
     return recipe
 
 
@@ -183,7 +263,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ValueError(f"--set {key}: {part!r} is not a block.")
-        node[leaf] = yaml.safe_load(value)
+        node[leaf] = load_yaml(value)
     return raw
 
 
@@ -193,7 +273,7 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> tuple[Recipe, di
     if not path.is_file():
         raise ValueError(f"No recipe file {str(path)!r}.")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = load_yaml(path.read_text()) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as error:  # the parser's own message spans several lines
         mark = getattr(error, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -203,3 +283,33 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> tuple[Recipe, di
         raise ValueError(f"Recipe {str(path)!r} must be a YAML mapping with model:, posswap:, data:, train:, eval: blocks.")
     raw = apply_overrides(raw, list(overrides))
     return recipe_from_dict(raw), raw
+
+
+# Keys that may change between a run and its --resume: they decide what is logged, kept, evaluated or pushed
+# (or, for gradient_checkpointing, how memory is traded for compute), not the weights the steps produce.
+# Not max_steps: the cosine schedule and the curriculum stages are laid out over it, so raising it to
+# continue would not give the run that max_steps names.
+RESUME_FREE_KEYS = (
+    "train.output_dir", "train.log_every", "train.save_every", "train.keep_checkpoints",
+    "train.gradient_checkpointing", "eval", "push_to_hub",
+)
+
+
+def recipe_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``block.key (old -> new)`` for each key of two :meth:`Recipe.to_dict` mappings that differs and can
+    change the trained weights."""
+    old, new = _flatten(old), _flatten(new)
+    missing = object()
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k, missing) != new.get(k, missing))
+    free = [k for k in changed if any(k == f or k.startswith(f + ".") for f in RESUME_FREE_KEYS)]
+    return [f"{k} ({old.get(k, '<unset>')!r} -> {new.get(k, '<unset>')!r})" for k in changed if k not in free]
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
