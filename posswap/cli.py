@@ -47,7 +47,6 @@ def _cmd_patch(args: argparse.Namespace) -> None:
     from .config import config_from_dict
     from .files import check_folder_target
     from .loading import load_model_and_tokenizer, resolve_model_id, save_model_and_tokenizer
-    from .memory import check_patch_fits
     from .patching import patch
 
     # Everything that can be checked fails before any download or write.
@@ -56,8 +55,7 @@ def _cmd_patch(args: argparse.Namespace) -> None:
     check_folder_target(args.out, args.overwrite, source)
     model, tokenizer = load_model_and_tokenizer(source)
     before = model.config.max_position_embeddings
-    check_patch_fits(model, config)
-    patch(model, config, tokenizer=tokenizer)
+    patch(model, config, tokenizer=tokenizer)  # checks the memory it needs before allocating
     save_model_and_tokenizer(model, tokenizer, args.out, overwrite=args.overwrite, source=source)
     print(
         f"Patched {args.model} ({type(model).__name__}) with {config.method}: "

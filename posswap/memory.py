@@ -16,13 +16,13 @@ HEADROOM = 0.5
 
 
 def patch_bytes(model: nn.Module, config: PositionConfig) -> int:
-    """About how many bytes patching ``model`` to ``config`` allocates: the position-sized buffers, and for
-    ``interpolate`` the new table."""
+    """About how many bytes patching ``model`` to ``config`` allocates: the position-sized buffers, and a new
+    table for ``interpolate`` or a kept (``absolute="keep"``) one."""
     sites = find_sites(model)
     rows = config.max_length + sites.offset
     per_row = sum(b.element_size() for b in (getattr(sites.owner, n, None) for n in POSITION_SIZED_BUFFERS) if b is not None)
     table = sites.table
-    if config.method == "interpolate" and table is not None:
+    if (config.method == "interpolate" or getattr(config, "absolute", None) == "keep") and table is not None:
         per_row += table.embedding_dim * max(table.weight.element_size(), 4) * RESAMPLE_COPIES
     return rows * per_row
 

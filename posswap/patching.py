@@ -9,6 +9,7 @@ from torch import nn
 
 from .architectures import assign_buffers, find_sites, resized_position_buffers
 from .config import PositionConfig, config_from_dict
+from .memory import check_patch_fits
 from .portable.modeling_posswap import CONFIG_CLASSES
 from .portable.posswap_runtime import RUNTIME_METHODS, install_positions
 from .registry import get_method
@@ -44,6 +45,7 @@ def patch(model: nn.Module, config: PositionConfig | dict[str, Any], tokenizer: 
     if tokenizer is not None and not hasattr(tokenizer, "model_max_length"):
         raise TypeError(f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}.")
     spec.check(model, sites, config)
+    check_patch_fits(model, config)  # before any position-sized tensor is allocated
 
     # Everything below changes the model; allocations come first, and any failure puts everything back.
     rows = config.max_length + sites.offset

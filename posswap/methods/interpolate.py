@@ -11,7 +11,6 @@ from torch import nn
 from ..architectures import Sites
 from ..config import PositionConfig, check_choice
 from ..functional import RESAMPLE_MODES, resample_table
-from ..memory import check_patch_fits
 from ..registry import register_method
 
 logger = logging.getLogger("posswap")
@@ -57,7 +56,6 @@ def check(model: nn.Module, sites: Sites, config: InterpolateConfig) -> None:
             f"This table was already extended with mode {previous.get('mode')!r}; re-patching it with mode "
             f"{config.mode!r} would not give the original table resampled that way. Start from the original checkpoint."
         )
-    check_patch_fits(model, config)  # before the new table is allocated
 
 
 def apply(model: nn.Module, sites: Sites, config: InterpolateConfig) -> None:

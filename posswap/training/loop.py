@@ -21,10 +21,9 @@ from torch.utils.data import DataLoader, IterableDataset
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, get_cosine_schedule_with_warmup
 
-from ..architectures import find_sites
+from ..architectures import ARCHITECTURES, find_sites
 from ..files import check_folder_target
 from ..loading import from_pretrained, resolve_model_id, save_model_and_tokenizer
-from ..memory import check_patch_fits
 from ..patching import patch, patched_config
 from .checkpoint import latest_checkpoint, load_checkpoint, log_lines_upto, prune_checkpoints, resumable_checkpoint, save_checkpoint
 from .data import packed_windows
@@ -41,10 +40,9 @@ def load_patched_model(recipe: Recipe):
     patched as the recipe says, and its tokenizer with the new model_max_length."""
     name = resolve_model_id(recipe.model)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_id(recipe.tokenizer or recipe.model))
-    causal = AutoConfig.from_pretrained(name).model_type == "gpt2"
+    causal = ARCHITECTURES[AutoConfig.from_pretrained(name).model_type].causal
     model = from_pretrained(name, model_class=AutoModelForCausalLM if causal else AutoModelForMaskedLM)
     if recipe.posswap is not None and patched_config(model) != recipe.posswap:
-        check_patch_fits(model, recipe.posswap)
         patch(model, recipe.posswap, tokenizer=tokenizer)
     tokenizer.model_max_length = find_sites(model).max_length
     if causal and tokenizer.pad_token is None:
