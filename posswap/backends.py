@@ -9,7 +9,7 @@ from __future__ import annotations
 from torch import nn
 
 from .config import check_choice
-from .portable.posswap_attention import PLAIN_IMPLEMENTATIONS
+from .portable.posswap_attention import BIAS_IMPLEMENTATIONS, PLAIN_IMPLEMENTATIONS
 
 BACKENDS = tuple(PLAIN_IMPLEMENTATIONS)  # the `backend` of RopeConfig and AlibiConfig; None: as loaded
 
@@ -30,3 +30,24 @@ def check_backend(model: nn.Module, backend: str | None) -> None:
             raise ValueError("backend='flex' needs torch's flex_attention (torch >= 2.5); use 'sdpa'.")
     if not model._can_set_attn_implementation():
         raise ValueError(f"{type(model).__name__} cannot switch its attention implementation; leave backend unset.")
+
+
+def resolve_bias_backend(model: nn.Module, backend: str | None) -> str:
+    """The kernel of a bias method (ALiBi, ...): the one asked for, else the one the model runs now (flash
+    kernels take no per-head bias here, so they fall back to sdpa)."""
+    if backend is not None:
+        return backend
+    current = model.config._attn_implementation
+    for name, implementation in BIAS_IMPLEMENTATIONS.items():
+        if current == implementation:  # patched again: keep the kernel
+            return name
+    if current == "eager":
+        return "eager"
+    return "flex" if current and "flex" in current else "sdpa"
+
+
+def check_bias_backend(model: nn.Module, backend: str | None) -> None:
+    """Before patching a bias method: the kernel it resolves to runs here, and transformers accepts it."""
+    resolved = resolve_bias_backend(model, backend)
+    check_backend(model, resolved)
+    model.get_correct_attn_implementation(BIAS_IMPLEMENTATIONS[resolved])  # raises ValueError if refused

@@ -28,7 +28,7 @@ def _module_state(module: nn.Module) -> dict:
 
 def _restore_module(module: nn.Module, state: dict) -> None:
     for key in set(module.__dict__) - set(state["attributes"]):
-        del module.__dict__[key]  # attributes the block added (posswap_rotary, posswap_alibi, ...)
+        del module.__dict__[key]  # attributes the block added (posswap_rotary, posswap_bias, ...)
     module.__dict__.update(state["attributes"])
     for name, saved in state["dicts"].items():
         container = getattr(module, name)

@@ -52,11 +52,11 @@ def test_eager_attention_weights_show_the_bias_direction(model_type, head):
     model = patched(model_type, head, backend="eager")
     # Zero queries and keys: the scores are the bias alone, so the weights are softmax(bias).
     for attention in find_sites(model).self_attentions():
-        attention.posswap_alibi.clear()
+        attention.posswap_bias.clear()
     module = find_sites(model).self_attentions()[0]
     q = k = v = torch.zeros(1, 4, 5, 8)
-    _, weights = posswap.portable.posswap_attention.alibi_eager_attention(module, q, k, v, None, scaling=1.0)
-    expected_bias = alibi_bias(module.posswap_alibi.slopes("cpu"), torch.arange(5), torch.arange(5), symmetric=model_type == "bert")
+    _, weights = posswap.portable.posswap_attention.bias_eager_attention(module, q, k, v, None, scaling=1.0)
+    expected_bias = alibi_bias(module.posswap_bias.slopes("cpu"), torch.arange(5), torch.arange(5), symmetric=model_type == "bert")
     if model_type == "gpt2":
         assert torch.all(weights[0].triu(1) == 0)  # causal: no weight on later keys
         expected_bias = expected_bias.masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), -math.inf)
@@ -99,7 +99,7 @@ def test_kernels_agree(model_type, head):
     results = {}
     for backend in ("eager", "sdpa", "flex"):
         model = patched(model_type, head, backend=backend)
-        assert model.config._attn_implementation == posswap.portable.posswap_attention.ALIBI_IMPLEMENTATIONS[backend]
+        assert model.config._attn_implementation == posswap.portable.posswap_attention.BIAS_IMPLEMENTATIONS[backend]
         with torch.no_grad():
             out = model(input_ids=ids, attention_mask=mask)
         results[backend] = (out.logits if hasattr(out, "logits") else out.last_hidden_state)[mask.bool()]
@@ -169,7 +169,7 @@ def test_save_and_load_give_identical_logits(model_type, head, backend, absolute
     model = patched(model_type, head, backend=backend, absolute=absolute)
     loaded = reload_and_compare(model, tmp_path, NEW_LENGTH)
     assert type(loaded).__name__ == "Posswap" + head
-    assert loaded.config._attn_implementation == posswap.portable.posswap_attention.ALIBI_IMPLEMENTATIONS[backend]
+    assert loaded.config._attn_implementation == posswap.portable.posswap_attention.BIAS_IMPLEMENTATIONS[backend]
     assert loaded.config.posswap["backend"] == backend and loaded.config.posswap["absolute"] == absolute
     assert (find_sites(loaded).table is None) == (absolute == "drop")
 
@@ -178,7 +178,7 @@ def test_backend_defaults_to_how_the_model_was_loaded():
     model = make_model("gpt2", "GPT2LMHeadModel")
     model.set_attn_implementation("eager")
     posswap.patch(model, posswap.AlibiConfig(max_length=NEW_LENGTH))
-    assert model.config._attn_implementation == "posswap_alibi_eager"
+    assert model.config._attn_implementation == "posswap_bias_eager"
     assert model.config.posswap["backend"] == "eager"
 
 
@@ -213,7 +213,7 @@ def test_causal_bias_on_an_encoder_is_refused_and_model_untouched():
     with pytest.raises(ValueError, match="symmetric=False .* needs a causal model"):
         posswap.patch(model, posswap.AlibiConfig(max_length=NEW_LENGTH, symmetric=False))
     assert_untouched(model, before)
-    assert not hasattr(find_sites(model).self_attentions()[0], "posswap_alibi")
+    assert not hasattr(find_sites(model).self_attentions()[0], "posswap_bias")
 
 
 def test_keep_after_drop_is_refused_and_model_untouched():

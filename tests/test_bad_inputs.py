@@ -194,7 +194,7 @@ CLI_ERROR_CASES = [
     ("recipe-mlm-probability-word", lambda t, m: ["train", recipe(t, m, train__mlm_probability="high")], "train.mlm_probability must be a number > 0 and < 1"),
     ("recipe-seed-word", lambda t, m: ["train", recipe(t, m, train__seed="abc")], "train.seed must be an integer"),
     ("recipe-set-seed-word", lambda t, m: ["train", recipe(t, m), "--set", "train.seed=abc"], "train.seed must be an integer"),
-    ("recipe-model-missing-folder", lambda t, m: ["train", recipe(t, m, model="./nope")], "No model folder './nope'"),
+    ("recipe-model-missing-folder", lambda t, m: ["train", recipe(t, m, model="./nope")], "model: no local folder './nope'"),
     ("eval-passkey-depths-word", lambda t, m: ["eval", m / "gpt2", "--passkey-depths", "abc", "--out", NEW], "--passkey-depths must be comma-separated numbers"),
     ("eval-lengths-word", lambda t, m: ["eval", m / "gpt2", "--lengths", "abc", "--out", NEW], "--lengths must be comma-separated"),
     ("eval-missing-folder", lambda t, m: ["eval", "./nope", "--out", NEW], "No model folder './nope'"),

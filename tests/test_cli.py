@@ -67,6 +67,6 @@ def test_cli_patch_alibi(tiny_gpt2_dir, tmp_path):
     assert code == 0
     model = posswap.from_pretrained(str(out))
     assert model.config.posswap["backend"] == "eager" and model.config.posswap["symmetric"] is False
-    assert model.config._attn_implementation == "posswap_alibi_eager"
+    assert model.config._attn_implementation == "posswap_bias_eager"
     assert model(input_ids=torch.arange(3, 259)[None]).logits.shape[1] == 256
     assert main(["patch", str(tiny_gpt2_dir), "--method", "alibi", "--max-length", "256", "--backend", "fast", "--out", str(out)]) == 2

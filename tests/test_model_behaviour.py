@@ -105,7 +105,7 @@ def test_half_precision_keeps_frequencies_and_slopes_in_fp32(config):
         # fp32 angles at 4000: a bf16 inv_freq would be off by whole radians
         torch.testing.assert_close(cos[0, -1, 0], torch.cos(torch.tensor(4007.0)), atol=1e-3, rtol=0)
     else:
-        slopes = model.transformer.h[0].attn.posswap_alibi.slopes("cpu")
+        slopes = model.transformer.h[0].attn.posswap_bias.slopes("cpu")
         assert slopes.dtype == torch.float32 and slopes[0] == 2 ** -2
 
 

@@ -1,6 +1,6 @@
 """``alibi``: attention with linear biases (Press et al.) in every self-attention layer, in place of (or on
-top of) the learned table. The bias is added by posswap's attention functions
-(``portable/posswap_attention.py``, carried by saved models), registered with transformers' interfaces."""
+top of) the learned table. The bias is added by posswap's bias attention family
+(``portable/posswap_attention.py``) from the provider in ``portable/posswap_alibi.py``; saved models carry both."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from torch import nn
 
 from ..architectures import Sites
 from ..absolute import ABSOLUTE_CHOICES, check_absolute, keep_table, planned_table_weight
-from ..backends import check_backend, validate_backend
+from ..backends import check_bias_backend, resolve_bias_backend, validate_backend
 from ..config import PositionConfig, check_choice
-from ..portable.posswap_attention import ALIBI_IMPLEMENTATIONS
 from ..registry import register_method
 
 @dataclass
@@ -40,18 +39,6 @@ class AlibiConfig(PositionConfig):
         validate_backend(self.backend)
 
 
-def resolve_backend(model: nn.Module, config: AlibiConfig) -> str:
-    if config.backend is not None:
-        return config.backend
-    current = model.config._attn_implementation
-    for backend, name in ALIBI_IMPLEMENTATIONS.items():
-        if current == name:  # patched again: keep the kernel
-            return backend
-    if current == "eager":
-        return "eager"
-    return "flex" if current and "flex" in current else "sdpa"  # flash kernels have no per-head bias here
-
-
 def check(model: nn.Module, sites: Sites, config: AlibiConfig) -> None:
     if config.symmetric is False and not sites.arch.causal:
         raise ValueError(
@@ -59,9 +46,7 @@ def check(model: nn.Module, sites: Sites, config: AlibiConfig) -> None:
             "ways. Leave symmetric unset (or true) for encoders."
         )
     check_absolute(sites, config.absolute)
-    check_backend(model, resolve_backend(model, config))
-    # Raises (ValueError) if transformers would refuse the implementation for this model.
-    model.get_correct_attn_implementation(ALIBI_IMPLEMENTATIONS[resolve_backend(model, config)])
+    check_bias_backend(model, config.backend)
 
 
 def apply(model: nn.Module, sites: Sites, config: AlibiConfig) -> None:
@@ -69,7 +54,7 @@ def apply(model: nn.Module, sites: Sites, config: AlibiConfig) -> None:
     (``portable/posswap_attention.py``), as a saved model's own class does when it is built."""
     keep_table(sites, planned_table_weight(sites, config.absolute, config.max_length))
     # Recorded in the saved posswap block so that a loaded model picks the same kernel.
-    config.backend = resolve_backend(model, config)
+    config.backend = resolve_bias_backend(model, config.backend)
 
 
 register_method(AlibiConfig, check, apply)

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from .posswap_architectures import Sites, find_sites
-from .posswap_attention import PLAIN_IMPLEMENTATIONS, install_alibi
+from .posswap_alibi import AlibiBias
+from .posswap_attention import PLAIN_IMPLEMENTATIONS, install_bias
 from .posswap_guard import install_length_guard
 from .posswap_rotary import install_rotary
 
@@ -54,7 +55,8 @@ def _install_rope(model: nn.Module, sites: Sites, block: dict) -> None:
 def _install_alibi(model: nn.Module, sites: Sites, block: dict) -> None:
     symmetric = block.get("symmetric")
     symmetric = (not sites.arch.causal) if symmetric is None else symmetric
-    install_alibi(model, sites.base, sites.self_attentions(), symmetric, block.get("backend") or "sdpa")
+    provider = AlibiBias(model.config.num_attention_heads, symmetric)
+    install_bias(model, sites.base, sites.self_attentions(), [provider], block.get("backend") or "sdpa")
 
 
 INSTALLERS = {"rope": _install_rope, "alibi": _install_alibi}

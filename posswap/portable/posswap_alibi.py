@@ -1,0 +1,45 @@
+"""ALiBi's bias provider for the attention family of ``posswap_attention.py``.
+
+It travels with saved models (``posswap/portable``), so it imports nothing from posswap.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .posswap_attention import BiasProvider
+from .posswap_functional import alibi_bias, alibi_slopes
+
+
+class AlibiBias(BiasProvider):
+    """ALiBi (Press et al.): ``-m_h * (i - j)``, or ``-m_h * |i - j|`` for encoders. Slopes in fp32, made per
+    device on first use: never a buffer, so neither the meta device of transformers' loading nor
+    ``model.to(torch.bfloat16)`` touches them."""
+
+    def __init__(self, num_heads: int, symmetric: bool):
+        super().__init__()
+        self.num_heads, self.symmetric = num_heads, symmetric
+        self._slopes: dict[torch.device, torch.Tensor] = {}
+
+    def slopes(self, device) -> torch.Tensor:
+        device = torch.device(device)
+        if device not in self._slopes:
+            self._slopes[device] = alibi_slopes(self.num_heads).to(device)
+        return self._slopes[device]
+
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        return alibi_bias(self.slopes(q_pos.device), q_pos, k_pos, self.symmetric)
+
+    def score_term(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Callable:
+        slopes, symmetric = self.slopes(q_pos.device), self.symmetric
+
+        def term(b, h, q_idx, kv_idx):
+            d = q_pos[b, q_idx] - k_pos[b, kv_idx]
+            return -slopes[h] * (d.abs() if symmetric else d)
+
+        return term
+
+    def extra_repr(self) -> str:
+        return f"heads={self.num_heads}, symmetric={self.symmetric}"
