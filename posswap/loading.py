@@ -91,12 +91,25 @@ def from_pretrained(name_or_path: str, model_class: type[PreTrainedModel] | None
     if runtime and not isinstance(config, PosswapConfigMixin):  # saved before model_type posswap-<type>
         config.__class__ = CONFIG_CLASSES[config.model_type]
     cls = _model_class(config, model_class, runtime)
-    model = cls.from_pretrained(name_or_path, config=config, **kwargs)
+    model, info = cls.from_pretrained(name_or_path, config=config, output_loading_info=True, **kwargs)
+    _check_own_keys(info, name_or_path)
     position_config = patched_config(model)
     if position_config is not None and not runtime:
         # interpolate: the config already holds the new length, so this only re-installs the length guard.
         patch(model, position_config)
     return model
+
+
+def _check_own_keys(info: dict, where: str) -> None:
+    """Parameters a method adds (T5 buckets, TUPE's projections) must come from the checkpoint: re-initialised
+    they would be a silently different model. Other missing keys (a new head on a base checkpoint) are
+    transformers' usual report."""
+    own = sorted(k for kind in ("missing_keys", "unexpected_keys") for k in info.get(kind, ()) if "posswap_" in k)
+    if own:
+        raise ValueError(
+            f"{where}: the checkpoint does not match the posswap block of its config ({', '.join(own[:4])}"
+            f"{' ...' if len(own) > 4 else ''} missing or unexpected). Re-save the model with posswap."
+        )
 
 
 def _model_class(config, model_class: type | None, runtime: bool) -> type[PreTrainedModel]:

@@ -52,7 +52,7 @@ def patch(model: nn.Module, config: PositionConfig | dict[str, Any], tokenizer: 
     buffers = resized_position_buffers(sites, rows)
     original_length = previous["original_length"] if previous else sites.max_length
     with model_transaction(model):
-        spec.apply(model, sites, config)  # weights: the table resized or kept
+        applied = spec.apply(model, sites, config)  # weights: the table resized or kept
         assign_buffers(sites.owner, buffers)
         model.config.max_position_embeddings = rows
         block = {**config.to_dict(), "original_length": original_length, "version": __version__}
@@ -61,6 +61,8 @@ def patch(model: nn.Module, config: PositionConfig | dict[str, Any], tokenizer: 
             # Saved, the folder says posswap-<type> and carries the code that runs the method (modeling_posswap).
             model.config.__class__ = CONFIG_CLASSES[sites.arch.model_type]
         install_positions(model, block)  # run time: what a saved model's own class installs when built
+        if spec.initialize is not None:
+            spec.initialize(model, sites, config, applied)
     if tokenizer is not None:
         tokenizer.model_max_length = config.max_length
     return model

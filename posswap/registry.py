@@ -10,19 +10,23 @@ from typing import Callable
 class MethodSpec:
     name: str
     config_class: type
-    # check(model, sites, config): raise before anything changes; apply(...): mutate the model.
+    # check(model, sites, config): raise before anything changes; apply(...): the weight changes made before
+    # the run time is installed (a resized table), returning anything initialize needs;
+    # initialize(model, sites, config, applied): values for the parameters the run time created (its modules
+    # are built empty, as when a saved model is built before its weights load).
     check: Callable[..., None]
-    apply: Callable[..., None]
+    apply: Callable[..., object]
+    initialize: Callable[..., None] | None = None
 
 
 METHODS: dict[str, MethodSpec] = {}
 
 
-def register_method(config_class: type, check: Callable, apply: Callable) -> None:
+def register_method(config_class: type, check: Callable, apply: Callable, initialize: Callable | None = None) -> None:
     name = config_class.method
     if name in METHODS:
         raise ValueError(f"Method {name!r} is already registered.")
-    METHODS[name] = MethodSpec(name, config_class, check, apply)
+    METHODS[name] = MethodSpec(name, config_class, check, apply, initialize)
 
 
 def get_method(name: str | None) -> MethodSpec:

@@ -18,9 +18,6 @@ from .posswap_attention import PLAIN_IMPLEMENTATIONS, install_bias
 from .posswap_guard import install_length_guard
 from .posswap_rotary import install_rotary
 
-# Methods whose saved folders need this code to load right (interpolate only resizes the table).
-RUNTIME_METHODS = ("rope", "alibi")
-
 
 class NoPositions(nn.Module):
     """Stands where the learned table was and adds nothing.
@@ -60,6 +57,8 @@ def _install_alibi(model: nn.Module, sites: Sites, block: dict) -> None:
 
 
 INSTALLERS = {"rope": _install_rope, "alibi": _install_alibi}
+# Methods whose saved folders need this code to load right (interpolate only resizes the table).
+RUNTIME_METHODS = tuple(INSTALLERS)
 
 
 def install_positions(model: nn.Module, block: dict) -> None:

@@ -1,0 +1,55 @@
+"""T5's learned relative position bias as a provider for the bias attention family (``posswap_attention.py``).
+
+A per-head bias over log-spaced buckets of the key-minus-query distance, looked up in a small learned table
+(``num_buckets`` x heads). The buckets are transformers' own (``T5Attention._relative_position_bucket``):
+bidirectional for encoders, causal for decoders.
+
+It travels with saved models (``posswap/portable``), so it imports nothing from posswap.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+from transformers.models.t5.modeling_t5 import T5Attention
+
+from .posswap_attention import BiasProvider
+
+
+def t5_buckets(relative_position: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
+    """Bucket of each ``key - query`` distance: T5's function, reused as it is."""
+    return T5Attention._relative_position_bucket(relative_position, bidirectional, num_buckets, max_distance)
+
+
+class T5Buckets(BiasProvider):
+    """``bias[h, i, j] = table[bucket(j - i), h]``. The table is a parameter (``relative_attention_bias``, as T5
+    names it); the flex path looks distances up in a per-distance copy of it, so it builds no (q, k) tensor."""
+
+    def __init__(self, num_heads: int, num_buckets: int, max_distance: int, bidirectional: bool):
+        super().__init__()
+        self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
+        self.relative_attention_bias = nn.Embedding(num_buckets, num_heads)
+
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        distance = k_pos[..., None, :] - q_pos[..., :, None]  # (b|1, q, k): memory minus query, as T5
+        buckets = t5_buckets(distance, self.bidirectional, self.num_buckets, self.max_distance)
+        return self.relative_attention_bias(buckets).permute(0, 3, 1, 2).float()  # (b|1, h, q, k)
+
+    def score_term(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Callable:
+        # One row per possible distance: (heads, 2L - 1), indexed by k - q + (L - 1) inside the kernel.
+        span = int(max(q_pos.max(), k_pos.max()) - min(q_pos.min(), k_pos.min())) + 1
+        distances = torch.arange(-span + 1, span, device=q_pos.device)
+        per_distance = self.relative_attention_bias(
+            t5_buckets(distances, self.bidirectional, self.num_buckets, self.max_distance)
+        ).t().float()
+        offset = span - 1
+
+        def term(b, h, q_idx, kv_idx):
+            return per_distance[h, k_pos[b, kv_idx] - q_pos[b, q_idx] + offset]
+
+        return term
+
+    def extra_repr(self) -> str:
+        return f"buckets={self.num_buckets}, max_distance={self.max_distance}, bidirectional={self.bidirectional}"
