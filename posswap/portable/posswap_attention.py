@@ -10,8 +10,8 @@ attention under a name any model may use (transformers 5 refuses ``flex_attentio
 ``backend="flex"``.
 
 The functions are called after the KV-cache update, with ``query``/``key``/``value`` of shape
-(batch, heads, length, head_dim). It travels with saved models (``posswap/portable``), so it imports nothing
-from posswap.
+(batch, heads, length, head_dim). It travels with saved models (``posswap/portable``), so it imports
+nothing from the posswap package.
 """
 
 from __future__ import annotations
