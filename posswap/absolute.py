@@ -1,14 +1,16 @@
 """What RoPE and ALiBi do with the learned table they replace: ``drop`` it or ``keep`` it (extended).
 
 Dropping happens at run time (``portable/posswap_runtime.py``: saved models drop it again when built);
-keeping an extended table is a weight change, made here."""
+keeping an extended table is a weight change, made here. The table math lives in functional.py."""
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from .architectures import Sites
 from .config import check_choice
+from .functional import resample_positions
 
 ABSOLUTE_CHOICES = ("drop", "keep")
 
@@ -24,15 +26,16 @@ def check_absolute(sites: Sites, absolute: str) -> None:
 
 def planned_table_weight(sites: Sites, absolute: str, max_length: int) -> torch.Tensor | None:
     """For 'keep': the table extended by copy (old positions keep their vectors). Built before any change."""
-    from .methods.interpolate import resized_table_weight
-
     if absolute == "keep" and max_length != sites.max_length:
-        return resized_table_weight(sites, max_length, "copy")
+        return resample_positions(sites.table.weight.detach(), sites.offset, max_length, "copy")
     return None
 
 
-def keep_table(sites: Sites, new_weight: torch.Tensor | None) -> None:
-    from .methods.interpolate import replace_table_weight
+def replace_table_weight(table: nn.Embedding, weight: torch.Tensor) -> None:
+    table.weight = nn.Parameter(weight, requires_grad=table.weight.requires_grad)
+    table.num_embeddings = weight.shape[0]
 
+
+def keep_table(sites: Sites, new_weight: torch.Tensor | None) -> None:
     if new_weight is not None:
         replace_table_weight(sites.table, new_weight)

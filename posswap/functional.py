@@ -6,6 +6,7 @@ from .portable.posswap_functional import (  # noqa: F401
     alibi_bias,
     alibi_slopes,
     apply_rotary,
+    resample_positions,
     resample_table,
     rope_frequencies,
     rotary_cos_sin,

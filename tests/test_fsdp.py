@@ -43,3 +43,18 @@ def test_fsdp_config_trains_a_few_steps(bases, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert len((tmp_path / "run" / "log.jsonl").read_text().splitlines()) == 4
     assert posswap.from_pretrained(str(tmp_path / "run" / "model")).config.posswap["method"] == "rope"
+
+
+def test_fsdp_config_wraps_every_architectures_block():
+    """The layer class FSDP wraps is a fact of architectures.py; the shipped config must list each one."""
+    import transformers
+
+    from posswap.architectures import ARCHITECTURES
+
+    config = yaml.safe_load((Path(__file__).parents[1] / "recipes/accelerate/fsdp.yaml").read_text())
+    listed = set(config["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"].split(","))
+    assert listed == {arch.layer_class for arch in ARCHITECTURES.values()}
+    for arch in ARCHITECTURES.values():
+        module = transformers.models.auto.configuration_auto.model_type_to_module_name(arch.model_type)
+        assert hasattr(getattr(transformers.models, module), f"modeling_{module}")
+        assert hasattr(getattr(getattr(transformers.models, module), f"modeling_{module}"), arch.layer_class)

@@ -10,7 +10,8 @@ from torch import nn
 
 from ..architectures import Sites
 from ..config import PositionConfig, check_choice
-from ..functional import RESAMPLE_MODES, resample_table
+from ..absolute import replace_table_weight
+from ..functional import RESAMPLE_MODES, resample_positions
 from ..registry import register_method
 
 logger = logging.getLogger("posswap")
@@ -31,16 +32,8 @@ class InterpolateConfig(PositionConfig):
 
 
 def resized_table_weight(sites: Sites, max_length: int, mode: str) -> torch.Tensor:
-    """The table's new weight for ``max_length`` tokens. Rows before the offset (RoBERTa's padding rows)
-    are kept as they are; only the rows of real positions are resampled."""
-    weight = sites.table.weight.detach()
-    head, body = weight[: sites.offset], weight[sites.offset :]
-    return torch.cat([head, resample_table(body, max_length, mode)])
-
-
-def replace_table_weight(table: nn.Embedding, weight: torch.Tensor) -> None:
-    table.weight = nn.Parameter(weight, requires_grad=table.weight.requires_grad)
-    table.num_embeddings = weight.shape[0]
+    """The table's new weight for ``max_length`` tokens (RoBERTa's padding rows kept as they are)."""
+    return resample_positions(sites.table.weight.detach(), sites.offset, max_length, mode)
 
 
 def check(model: nn.Module, sites: Sites, config: InterpolateConfig) -> None:

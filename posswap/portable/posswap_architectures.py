@@ -30,6 +30,9 @@ class Architecture:
     # q/k projections on each self-attention module, with the hidden-size chunks of their output that are
     # queries or keys: GPT-2's fused c_attn gives [q | k | v], BERT has separate query and key.
     qk_projections: tuple[tuple[str, tuple[int, ...]], ...]
+    lora_targets: tuple[str, ...]  # self-attention projections LoRA adapts
+    conv1d: bool  # GPT-2's projections are Conv1D, weights stored (in, out): peft's fan_in_fan_out
+    layer_class: str  # the transformer block, FSDP's unit of wrapping (recipes/accelerate/fsdp.yaml lists them)
     offset: Callable[[object], int] = lambda config: 0  # table rows before the first real position
 
 
@@ -40,16 +43,17 @@ def _padding_offset(config) -> int:
 
 _BERT_LIKE = dict(
     embeddings="embeddings", table="position_embeddings", self_attention="encoder.layer.*.attention.self",
-    causal=False, qk_projections=(("query", (0,)), ("key", (0,))),
+    causal=False, qk_projections=(("query", (0,)), ("key", (0,))), lora_targets=("query", "key", "value"), conv1d=False,
 )
 
 ARCHITECTURES: dict[str, Architecture] = {
-    "bert": Architecture("bert", **_BERT_LIKE),
-    "electra": Architecture("electra", **_BERT_LIKE),
-    "roberta": Architecture("roberta", **_BERT_LIKE, offset=_padding_offset),
-    "xlm-roberta": Architecture("xlm-roberta", **_BERT_LIKE, offset=_padding_offset),
+    "bert": Architecture("bert", **_BERT_LIKE, layer_class="BertLayer"),
+    "electra": Architecture("electra", **_BERT_LIKE, layer_class="ElectraLayer"),
+    "roberta": Architecture("roberta", **_BERT_LIKE, layer_class="RobertaLayer", offset=_padding_offset),
+    "xlm-roberta": Architecture("xlm-roberta", **_BERT_LIKE, layer_class="XLMRobertaLayer", offset=_padding_offset),
     "gpt2": Architecture(
-        "gpt2", embeddings="", table="wpe", self_attention="h.*.attn", causal=True, qk_projections=(("c_attn", (0, 1)),)
+        "gpt2", embeddings="", table="wpe", self_attention="h.*.attn", causal=True,
+        qk_projections=(("c_attn", (0, 1)),), lora_targets=("c_attn",), conv1d=True, layer_class="GPT2Block",
     ),
 }
 

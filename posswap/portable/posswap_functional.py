@@ -36,6 +36,13 @@ def resample_table(table: torch.Tensor, rows: int, mode: str) -> torch.Tensor:
     return resized[0, :, :, 0].t().to(table.dtype).contiguous()
 
 
+def resample_positions(weight: torch.Tensor, offset: int, rows: int, mode: str) -> torch.Tensor:
+    """A position table's weight for ``rows`` real positions: the ``offset`` rows before the first real position
+    (RoBERTa's padding rows) kept as they are, the rest resampled with :func:`resample_table`."""
+    head, body = weight[:offset], weight[offset:]
+    return torch.cat([head, resample_table(body, rows, mode)])
+
+
 def rope_frequencies(
     head_dim: int,
     rotary_dim: int,

@@ -7,10 +7,6 @@ from torch import nn
 
 from ..architectures import find_sites
 
-# Self-attention projections LoRA adapts, per architecture family (GPT-2's fused c_attn is a Conv1D).
-LORA_TARGETS = {"gpt2": ["c_attn"], "bert-like": ["query", "key", "value"]}
-
-
 def _is_norm(name: str) -> bool:
     # GPT-2: ln_1, ln_2, ln_f; BERT family: LayerNorm.
     last = name.split(".")[-2] if name.endswith((".weight", ".bias")) else name
@@ -41,13 +37,13 @@ def select_trainable(model: nn.Module, trainable: str, train_norms: bool, lora=N
         return model
     from peft import LoraConfig, get_peft_model
 
-    model_type = model.config.model_type
+    arch = find_sites(model).arch
     config = LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
-        target_modules=LORA_TARGETS["gpt2" if model_type == "gpt2" else "bert-like"],
-        fan_in_fan_out=model_type == "gpt2",  # Conv1D stores (in, out)
+        target_modules=list(arch.lora_targets),
+        fan_in_fan_out=arch.conv1d,
     )
     peft_model = get_peft_model(model, config)
     # peft freezes everything but LoRA; position table (and norms) train too.
