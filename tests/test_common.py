@@ -1,0 +1,112 @@
+"""One common body for every method (as peft's PeftCommonTester): a new method brings only a config factory.
+
+Each test runs for every (method x architecture x head) it applies to: save/load round trip, an error inside
+the run-time install undone, too-long input, KV cache equals the full pass, left padding, and the real MiniLM
+forward and backward at 2048.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import posswap
+from conftest import MODEL_IDS, MODELS, OLD_LENGTH, assert_untouched, make_model, outputs, reload_and_compare, sharpen_qk, snapshot, token_ids
+from posswap.portable import posswap_runtime
+from posswap.registry import METHODS
+
+NEW_LENGTH = 4 * OLD_LENGTH
+
+# method name -> config for a new length: the one place a new method has to be added.
+FACTORIES = {
+    "interpolate": lambda n: posswap.InterpolateConfig(max_length=n, mode="linear"),
+    "rope": lambda n: posswap.RopeConfig(max_length=n),
+    "alibi": lambda n: posswap.AlibiConfig(max_length=n),
+}
+
+
+def test_every_registered_method_has_a_factory():
+    assert set(FACTORIES) == set(METHODS)
+
+
+def patched(method: str, model_type: str = "gpt2", head: str = "GPT2LMHeadModel", length: int = NEW_LENGTH):
+    return posswap.patch(sharpen_qk(make_model(model_type, head)), FACTORIES[method](length)).eval()
+
+
+@pytest.mark.parametrize("method", FACTORIES)
+@pytest.mark.parametrize("model_type,head", MODELS, ids=MODEL_IDS)
+def test_round_trip_gives_identical_logits(method, model_type, head, tmp_path):
+    reload_and_compare(patched(method, model_type, head), tmp_path, NEW_LENGTH)
+
+
+@pytest.mark.parametrize("method", FACTORIES)
+@pytest.mark.parametrize("model_type,head", [("gpt2", "GPT2LMHeadModel"), ("roberta", "RobertaForMaskedLM")])
+def test_too_long_input_is_a_clear_error(method, model_type, head):
+    model = patched(method, model_type, head)
+    assert torch.isfinite(outputs(model, token_ids(NEW_LENGTH))).all()
+    with pytest.raises(ValueError, match=f"reads at most {NEW_LENGTH} tokens"):
+        outputs(model, token_ids(NEW_LENGTH + 1))
+
+
+@pytest.mark.parametrize("method", [m for m in FACTORIES if m in posswap_runtime.INSTALLERS])
+def test_a_failure_in_the_run_time_install_is_undone(method, monkeypatch):
+    model = sharpen_qk(make_model("bert", "BertForMaskedLM"))
+    before, config_class = snapshot(model), type(model.config)
+    ids = token_ids(20)
+    expected = outputs(model, ids)
+    real = posswap_runtime.INSTALLERS[method]
+
+    def installs_then_fails(*args):
+        real(*args)  # everything installed, then the failure: all of it must be undone
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setitem(posswap_runtime.INSTALLERS, method, installs_then_fails)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        posswap.patch(model, FACTORIES[method](NEW_LENGTH))
+    assert_untouched(model, before)
+    assert type(model.config) is config_class and not hasattr(model.config, "posswap")
+    torch.testing.assert_close(outputs(model, ids), expected)
+
+
+@pytest.mark.parametrize("method", FACTORIES)
+def test_kv_cache_decoding_equals_the_full_pass(method):
+    model = patched(method)
+    ids = token_ids(40, batch=1)
+    with torch.no_grad():
+        full = model(input_ids=ids).logits
+        out = model(input_ids=ids[:, :16], use_cache=True)
+        steps = [out.logits]
+        for t in range(16, 40):
+            out = model(input_ids=ids[:, t : t + 1], past_key_values=out.past_key_values, use_cache=True)
+            steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method", FACTORIES)
+def test_left_padded_generation_equals_rows_alone(method):
+    model = patched(method)
+    pad = model.config.eos_token_id
+    long, short = token_ids(12, batch=1, seed=3), token_ids(7, batch=1, seed=4)
+    batch = torch.cat([long, torch.cat([torch.full((1, 5), pad), short], dim=1)])
+    mask = torch.ones_like(batch)
+    mask[1, :5] = 0
+    kwargs = dict(max_new_tokens=6, do_sample=False, pad_token_id=pad, output_logits=True, return_dict_in_generate=True)
+    together = model.generate(input_ids=batch, attention_mask=mask, **kwargs)
+    for row, ids in enumerate([long, short]):
+        alone = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+        assert torch.equal(together.sequences[row, -6:], alone.sequences[0, -6:])
+        for a, b in zip(together.logits, alone.logits):
+            torch.testing.assert_close(a[row], b[0], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method", FACTORIES)
+def test_minilm_reads_2048_forward_and_backward(method, minilm_path):
+    from transformers import AutoModel
+
+    model = posswap.patch(AutoModel.from_pretrained(minilm_path), FACTORIES[method](2048)).train()
+    ids = torch.randint(1000, 20000, (1, 2048), generator=torch.Generator().manual_seed(0))
+    hidden = model(input_ids=ids).last_hidden_state
+    hidden.pow(2).mean().backward()
+    assert torch.isfinite(hidden).all()
+    unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None and not n.startswith("pooler.")]
+    assert unused == []  # the pooler is not on this path; anything else unused would fail DDP
