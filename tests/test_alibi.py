@@ -222,15 +222,3 @@ def test_keep_after_drop_is_refused_and_model_untouched():
     with pytest.raises(ValueError, match="absolute='keep' needs the learned position table"):
         posswap.patch(model, posswap.AlibiConfig(max_length=NEW_LENGTH, absolute="keep"))
     assert_untouched(model, before)
-
-
-def test_minilm_reads_2048_tokens_forward_and_backward(minilm_path):
-    model = transformers.AutoModel.from_pretrained(minilm_path)
-    posswap.patch(model, posswap.AlibiConfig(max_length=2048))
-    assert model.config.max_position_embeddings == 2048
-    ids = torch.randint(1000, 20000, (1, 2048), generator=torch.Generator().manual_seed(0))
-    hidden = model(input_ids=ids).last_hidden_state
-    assert hidden.shape == (1, 2048, model.config.hidden_size) and torch.isfinite(hidden).all()
-    hidden.float().pow(2).mean().backward()
-    grads = [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
-    assert grads and all(torch.isfinite(g).all() for g in grads)
