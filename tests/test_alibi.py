@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-import transformers
 
 import posswap
 import posswap.portable.posswap_attention
