@@ -50,6 +50,8 @@ def test_loss_goes_down_and_output_loads(bases, tmp_path, arch, method):
     assert model.config.posswap["method"] == method
     assert model.config.posswap["max_length"] == 64
     assert transformers.AutoTokenizer.from_pretrained(final).model_max_length == 64
+    # The trained folder carries its run time (RoPE/ALiBi) for loading without posswap; interpolate needs none.
+    assert (final / "modeling_posswap.py").exists() == (method != "interpolate")
 
 
 class Interrupted(Exception):
