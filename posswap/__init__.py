@@ -1,5 +1,5 @@
 """posswap: swap the learned position table of pretrained BERT-family and GPT-2 checkpoints for one that
-reaches further (an extended table, RoPE or ALiBi), then train, evaluate and share the result."""
+reaches further (an extended table, RoPE, ALiBi, a fixed sinusoid, or none), then train, evaluate and share the result."""
 
 from . import methods  # noqa: F401  (registers every method)
 from .architectures import ARCHITECTURES
@@ -10,7 +10,9 @@ from .hub import model_card, push_to_hub
 from .loading import from_pretrained
 from .methods.alibi import AlibiConfig
 from .methods.interpolate import InterpolateConfig
+from .methods.nope import NoPEConfig
 from .methods.rope import RopeConfig
+from .methods.sinusoidal import SinusoidalConfig
 from .patching import patch, patched_config
 from .version import __version__
 
@@ -18,9 +20,11 @@ __all__ = [
     "AlibiConfig",
     "ARCHITECTURES",
     "InterpolateConfig",
+    "NoPEConfig",
     "PositionConfig",
     "Results",
     "RopeConfig",
+    "SinusoidalConfig",
     "__version__",
     "config_from_dict",
     "evaluate",

@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = commands.add_parser("study", help="The extension study: each method on each base, untrained and after an equal budget.")
     s.add_argument("--preset", choices=("full", "mini"), default="full", help="full: both bases, six methods (results/); mini: one method on MiniLM, a few steps (<= 10 min on 2 CPU cores).")
     s.add_argument("--base", action="append", choices=("gpt2", "minilm"), help="Only this base (repeatable; default: the preset's).")
-    s.add_argument("--variants", default=None, help="Comma-separated subset of copy,linear,cubic,rope,rope-yarn,alibi.")
+    s.add_argument("--variants", default=None, help="Comma-separated subset of copy,linear,cubic,rope,rope-yarn,alibi (the default six), or sinusoidal,nope.")
     s.add_argument("--steps", type=int, default=None, help="Training steps per variant (default: the preset's budget).")
     s.add_argument("--lr", type=float, default=None, help="Peak learning rate of the variants and the baseline (default: the preset's).")
     s.add_argument("--no-baseline", action="store_true", help="Skip training the original the same steps at its own length.")

@@ -10,4 +10,5 @@ from .portable.posswap_functional import (  # noqa: F401
     resample_table,
     rope_frequencies,
     rotary_cos_sin,
+    sinusoidal_table,
 )

@@ -178,7 +178,7 @@ def _loading_section(method: str, name: str, repo: str, block: dict) -> list[str
                         "```python", f"from transformers import {stock}", "", f"model = {stock}.from_pretrained({repo})",
                         "```", ""]
     lines += [
-        f"Without posswap: this repo carries the code of its {method} attention (`modeling_posswap.py`), so",
+        f"Without posswap: this repo carries the code of its {method} positions (`modeling_posswap.py`), so",
         "transformers loads it with `trust_remote_code=True` (without it, transformers refuses to load it):", "",
         "```python", "from transformers import AutoModel", "",
         f"model = AutoModel.from_pretrained({repo}, trust_remote_code=True)  # or AutoModelForCausalLM, ...", "```", "",

@@ -11,19 +11,24 @@ from .config import PositionConfig
 
 # Resampling holds the old table in fp32, the resized fp32 image and the result at once.
 RESAMPLE_COPIES = 3
+# The sinusoid is made on first use: float64 angles, sin, cos and table, then float32 copies (scaled, indexed);
+# about 32 bytes a value at the peak.
+SINUSOID_BYTES_PER_VALUE = 32
 # Share of the free memory a patch may take: the model still has to run (and train) afterwards.
 HEADROOM = 0.5
 
 
 def patch_bytes(model: nn.Module, config: PositionConfig) -> int:
     """About how many bytes patching ``model`` to ``config`` allocates: the position-sized buffers, and a new
-    table for ``interpolate`` or a kept (``absolute="keep"``) one."""
+    table for ``interpolate`` or a kept (``absolute="keep"``) one, or the sinusoid that replaces it."""
     sites = find_sites(model)
     rows = config.max_length + sites.offset
     per_row = sum(b.element_size() for b in (getattr(sites.owner, n, None) for n in POSITION_SIZED_BUFFERS) if b is not None)
     table = sites.table
     if (config.method == "interpolate" or getattr(config, "absolute", None) == "keep") and table is not None:
         per_row += table.embedding_dim * max(table.weight.element_size(), 4) * RESAMPLE_COPIES
+    if config.method == "sinusoidal":
+        per_row += sites.table_dim * SINUSOID_BYTES_PER_VALUE
     return rows * per_row
 
 

@@ -22,6 +22,8 @@ FACTORIES = {
     "interpolate": lambda n: posswap.InterpolateConfig(max_length=n, mode="linear"),
     "rope": lambda n: posswap.RopeConfig(max_length=n),
     "alibi": lambda n: posswap.AlibiConfig(max_length=n),
+    "sinusoidal": lambda n: posswap.SinusoidalConfig(max_length=n),
+    "nope": lambda n: posswap.NoPEConfig(max_length=n),
 }
 
 

@@ -1,5 +1,6 @@
-"""A RoPE/ALiBi folder loads without posswap: ``trust_remote_code=True`` gives the same logits and the same greedy
-``generate`` as ``posswap.from_pretrained``; plain transformers refuses it; no written file imports posswap.
+"""A RoPE/ALiBi/sinusoidal/NoPE folder loads without posswap: ``trust_remote_code=True`` gives the same logits and
+the same greedy ``generate`` as ``posswap.from_pretrained``; plain transformers refuses it; no written file imports
+posswap.
 
 One common body over (method x architecture x head x backend). Every folder is loaded in ONE subprocess where
 ``import posswap`` raises (an import hook), so the bundle cannot lean on the installed library.
@@ -51,6 +52,11 @@ CASES = {
                           posswap.AlibiConfig(max_length=NEW_LENGTH)),
     "electra-rope-tokcls": ("electra", "ElectraForTokenClassification", "AutoModelForTokenClassification",
                             posswap.RopeConfig(max_length=NEW_LENGTH)),
+    "gpt2-sinusoidal": ("gpt2", "GPT2LMHeadModel", "AutoModelForCausalLM", posswap.SinusoidalConfig(max_length=NEW_LENGTH)),
+    "roberta-sinusoidal-mlm": ("roberta", "RobertaForMaskedLM", "AutoModelForMaskedLM",
+                               posswap.SinusoidalConfig(max_length=NEW_LENGTH, base=500.0)),
+    "gpt2-nope": ("gpt2", "GPT2LMHeadModel", "AutoModelForCausalLM", posswap.NoPEConfig(max_length=NEW_LENGTH)),
+    "bert-nope-mlm": ("bert", "BertForMaskedLM", "AutoModelForMaskedLM", posswap.NoPEConfig(max_length=NEW_LENGTH)),
 }
 
 # Runs with posswap unimportable: load each folder with trust_remote_code, write logits and generations.

@@ -22,9 +22,11 @@ def test_variants_reach_4x_and_rope_alibi_are_patched_to_8x():
         patch = variant_patch(name, 256)
         config_from_dict(patch)  # every variant is a valid posswap config
         assert patch["max_length"] == (2048 if patch["method"] in ("rope", "alibi") else 1024)
+    for name in ("sinusoidal", "nope"):  # optional variants, patched to 8x as well
+        assert config_from_dict(variant_patch(name, 256)).max_length == 2048
     assert variant_patch("rope-yarn", 256)["factor"] == 4.0  # frequencies made for 4x, the guard allows 8x
-    with pytest.raises(ValueError, match="Unknown study variant 'nope'"):
-        variant_patch("nope", 256)
+    with pytest.raises(ValueError, match="Unknown study variant 'rope-ntk'"):
+        variant_patch("rope-ntk", 256)
 
 
 def test_select_narrows_and_refuses_bad_requests():

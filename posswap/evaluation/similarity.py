@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..architectures import find_sites
+from ..functional import sinusoidal_table  # noqa: F401  (the sinusoidal panel of plot_similarity)
 
 
 def cosine_matrix(vectors: torch.Tensor) -> torch.Tensor:
@@ -30,16 +31,6 @@ def adjacent_similarity(table: torch.Tensor, length: int) -> float | None:
         return None
     unit = F.normalize(table[:length].float(), dim=-1)
     return (unit[1:] * unit[:-1]).sum(-1).mean().item()
-
-
-def sinusoidal_table(positions: int, dim: int, base: float = 10_000.0) -> torch.Tensor:
-    """Vaswani et al.'s table: sin on even, cos on odd features."""
-    position = torch.arange(positions, dtype=torch.float64)[:, None]
-    frequency = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    table = torch.zeros(positions, dim, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(position * frequency)
-    table[:, 1::2] = torch.cos(position * frequency)[:, : dim // 2]
-    return table
 
 
 def rotary_similarity(positions: int, head_dim: int, base: float = 10_000.0) -> torch.Tensor:

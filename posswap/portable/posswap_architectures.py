@@ -79,6 +79,12 @@ class Sites:
         return table if isinstance(table, nn.Embedding) else None
 
     @property
+    def table_dim(self) -> int:
+        """Width of the position vectors (ELECTRA: embedding_size), from the table or what replaced it."""
+        slot = getattr(self.owner, self.arch.table)
+        return slot.embedding_dim if isinstance(slot, nn.Embedding) else slot.dim
+
+    @property
     def max_length(self) -> int:
         """Tokens the model reads now."""
         return self.config.max_position_embeddings - self.offset

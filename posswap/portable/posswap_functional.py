@@ -43,6 +43,19 @@ def resample_positions(weight: torch.Tensor, offset: int, rows: int, mode: str) 
     return torch.cat([head, resample_table(body, rows, mode)])
 
 
+def sinusoidal_table(rows: int, dim: int, base: float = 10000.0) -> torch.Tensor:
+    """The fixed position table of the original Transformer (Vaswani et al.), (rows, dim), float32:
+    ``sin(p * base^(-2i/dim))`` on even dims 2i, ``cos`` of the same angle on odd dims 2i + 1. Angles are made in
+    float64 on the CPU: in float32, ``p * frequency`` is off by ~0.01 rad past p = 100k."""
+    positions = torch.arange(rows, dtype=torch.float64)[:, None]
+    frequencies = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    angles = positions * frequencies  # (rows, ceil(dim / 2))
+    table = torch.empty(rows, dim, dtype=torch.float64)
+    table[:, 0::2] = angles.sin()
+    table[:, 1::2] = angles[:, : dim // 2].cos()  # an odd dim ends on a sin column
+    return table.float()
+
+
 def rope_frequencies(
     head_dim: int,
     rotary_dim: int,

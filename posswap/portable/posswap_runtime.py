@@ -9,7 +9,6 @@ It travels with saved models (``posswap/portable``), so it imports nothing from 
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from .posswap_architectures import Sites, find_sites
@@ -17,30 +16,12 @@ from .posswap_alibi import AlibiBias
 from .posswap_attention import PLAIN_IMPLEMENTATIONS, install_bias
 from .posswap_guard import install_length_guard
 from .posswap_rotary import install_rotary
-
-
-class NoPositions(nn.Module):
-    """Stands where the learned table was and adds nothing.
-
-    The embeddings code still calls the table, so it cannot simply be deleted; a module without parameters
-    (rather than a table frozen at zero) leaves DDP no unused parameter and the checkpoint no dead weight.
-    """
-
-    def __init__(self, dim: int):
-        super().__init__()
-        self.dim = dim
-
-    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
-        # A zero that broadcasts: embeddings + 0 costs one add, never a (batch, length, dim) table read.
-        return torch.zeros((), device=position_ids.device)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim} (learned table dropped by posswap)"
+from .posswap_tables import NoPositions, SinusoidalPositions
 
 
 def drop_table(sites: Sites) -> None:
     if sites.table is not None:
-        setattr(sites.owner, sites.arch.table, NoPositions(sites.table.embedding_dim))
+        setattr(sites.owner, sites.arch.table, NoPositions(sites.table_dim))
 
 
 def _install_rope(model: nn.Module, sites: Sites, block: dict) -> None:
@@ -56,8 +37,20 @@ def _install_alibi(model: nn.Module, sites: Sites, block: dict) -> None:
     install_bias(model, sites.base, sites.self_attentions(), [provider], block.get("backend") or "sdpa")
 
 
-INSTALLERS = {"rope": _install_rope, "alibi": _install_alibi}
-# Methods whose saved folders need this code to load right (interpolate only resizes the table).
+def _install_sinusoidal(model: nn.Module, sites: Sites, block: dict) -> None:
+    dim, rows = sites.table_dim, model.config.max_position_embeddings
+    like = sites.base.get_input_embeddings().weight  # the dtype and device the rows are returned in
+    table = SinusoidalPositions(dim, rows, sites.offset, float(block["base"]), float(block["scale"]), like)
+    setattr(sites.owner, sites.arch.table, table)
+
+
+def _install_nope(model: nn.Module, sites: Sites, block: dict) -> None:
+    """NoPE: no positions at all. install_positions has already dropped the table; there is nothing to add."""
+
+
+INSTALLERS = {"rope": _install_rope, "alibi": _install_alibi, "sinusoidal": _install_sinusoidal, "nope": _install_nope}
+# Methods whose saved folders need this code to load right (interpolate only resizes the table); NoPE too: plain
+# transformers would load its folder with a random table.
 RUNTIME_METHODS = tuple(INSTALLERS)
 
 

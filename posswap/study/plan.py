@@ -1,9 +1,9 @@
 """What the extension study runs: the bases, the method variants, the equal training budget, and the presets.
 
 Every variant of a base trains the same number of steps on the same number of tokens per step. RoPE and
-ALiBi are patched to 8x but trained on 4x windows, so that 8x is real extrapolation; the interpolated tables
-are made for 4x and read 8x with a sliding window (causal) or in pieces (masked), as the original reads
-everything past 1x.
+ALiBi (and the optional sinusoidal and NoPE variants) are patched to 8x but trained on 4x windows, so that 8x is
+real extrapolation; the interpolated tables are made for 4x and read 8x with a sliding window (causal) or in
+pieces (masked), as the original reads everything past 1x.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ def variant_patch(name: str, length: int) -> dict:
         "rope": {"method": "rope", "max_length": 2 * EXTEND * length},
         "rope-yarn": {"method": "rope", "max_length": 2 * EXTEND * length, "scaling": "yarn", "factor": float(EXTEND)},
         "alibi": {"method": "alibi", "max_length": 2 * EXTEND * length},
+        # Not in the default study (VARIANTS); run them with --variants sinusoidal,nope. No learned table: 8x too.
+        "sinusoidal": {"method": "sinusoidal", "max_length": 2 * EXTEND * length},
+        "nope": {"method": "nope", "max_length": 2 * EXTEND * length},
     }
     if name not in patches:
         raise ValueError(f"Unknown study variant {name!r}; choose from {', '.join(patches)}.")

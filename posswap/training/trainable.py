@@ -29,7 +29,8 @@ def select_trainable(model: nn.Module, trainable: str, train_norms: bool, lora=N
     if trainable == "positions":
         if not positions and not train_norms:
             raise ValueError(
-                "trainable='positions' but this model has no position parameters (the method dropped the table). "
+                "trainable='positions' but this model has no position parameters (its method dropped the table, or, "
+                "for sinusoidal, made it fixed). "
                 "Set train.train_norms: true, or use trainable 'full' or 'lora'."
             )
         for name, parameter in model.named_parameters():
