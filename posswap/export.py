@@ -101,7 +101,7 @@ def native_target(model: nn.Module) -> Target:
 
 
 def _refuse(model: nn.Module, reason: str) -> ValueError:
-    return ValueError(f"No exact native export for {type(model).__name__.removeprefix("Posswap")}: {reason}; {REMOTE}.")
+    return ValueError(f"No exact native export for {type(model).__name__.removeprefix('Posswap')}: {reason}; {REMOTE}.")
 
 
 def _rope_settings(model: nn.Module) -> RopeConfig:
