@@ -14,6 +14,7 @@ costs at that length without posswap. Variants:
   alibi-sdpa  posswap ALiBi, bias added to SDPA's float mask
   alibi-flex  posswap ALiBi, bias in flex_attention's score_mod (torch.compile'd, compile time excluded);
               forward only on CPU: torch 2.13's flex_attention has no CPU backward
+  t5-bias     posswap t5-bias (32 buckets shared by the layers), bias added to SDPA's float mask
 Each (variant, length, mode) runs in its own subprocess. Peak memory: on CUDA torch.cuda.max_memory_allocated;
 on CPU the peak resident set size (a sampling thread reading /proc/self/statm every 0.5 ms) during the
 measured call, minus the RSS just before it, with MALLOC_MMAP_THRESHOLD_=65536 so that freed tensors leave RSS. Time: the median of --repeats calls after one warm-up.
@@ -30,7 +31,7 @@ import sys
 import threading
 import time
 
-VARIANTS = ("stock", "copy", "rope", "rope-yarn", "alibi-sdpa", "alibi-flex")
+VARIANTS = ("stock", "copy", "rope", "rope-yarn", "alibi-sdpa", "alibi-flex", "t5-bias")
 SIZES = {"reference": dict(n_layer=6, n_embd=256, n_head=8, vocab_size=8192), "small": dict(n_layer=12, n_embd=768, n_head=12)}
 MODES = ("fwd", "fwd+bwd")
 
@@ -72,6 +73,7 @@ def patch_config(variant: str, length: int):
         "rope-yarn": posswap.RopeConfig(max_length=length, scaling="yarn", factor=4.0),
         "alibi-sdpa": posswap.AlibiConfig(max_length=length, backend="sdpa"),
         "alibi-flex": posswap.AlibiConfig(max_length=length, backend="flex"),
+        "t5-bias": posswap.T5BiasConfig(max_length=length, backend="sdpa"),
     }[variant]
 
 
