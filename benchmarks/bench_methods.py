@@ -16,6 +16,7 @@ costs at that length without posswap. Variants:
               forward only on CPU: torch 2.13's flex_attention has no CPU backward
   sinusoidal  posswap's fixed sin/cos table in place of the learned one (a row lookup, as stock)
   nope        no positions at all (table dropped, nothing added)
+  t5-bias     posswap t5-bias (32 buckets shared by the layers), bias added to SDPA's float mask
 Each (variant, length, mode) runs in its own subprocess. Peak memory: on CUDA torch.cuda.max_memory_allocated;
 on CPU the peak resident set size (a sampling thread reading /proc/self/statm every 0.5 ms) during the
 measured call, minus the RSS just before it, with MALLOC_MMAP_THRESHOLD_=65536 so that freed tensors leave RSS. Time: the median of --repeats calls after one warm-up.
@@ -32,7 +33,7 @@ import sys
 import threading
 import time
 
-VARIANTS = ("stock", "copy", "rope", "rope-yarn", "alibi-sdpa", "alibi-flex", "sinusoidal", "nope")
+VARIANTS = ("stock", "copy", "rope", "rope-yarn", "alibi-sdpa", "alibi-flex", "sinusoidal", "nope", "t5-bias")
 SIZES = {"reference": dict(n_layer=6, n_embd=256, n_head=8, vocab_size=8192), "small": dict(n_layer=12, n_embd=768, n_head=12)}
 MODES = ("fwd", "fwd+bwd")
 
@@ -76,6 +77,7 @@ def patch_config(variant: str, length: int):
         "alibi-flex": posswap.AlibiConfig(max_length=length, backend="flex"),
         "sinusoidal": posswap.SinusoidalConfig(max_length=length),
         "nope": posswap.NoPEConfig(max_length=length),
+        "t5-bias": posswap.T5BiasConfig(max_length=length, backend="sdpa"),
     }[variant]
 
 

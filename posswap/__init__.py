@@ -13,6 +13,7 @@ from .methods.interpolate import InterpolateConfig
 from .methods.nope import NoPEConfig
 from .methods.rope import RopeConfig
 from .methods.sinusoidal import SinusoidalConfig
+from .methods.t5_bias import T5BiasConfig
 from .patching import patch, patched_config
 from .version import __version__
 
@@ -25,6 +26,7 @@ __all__ = [
     "Results",
     "RopeConfig",
     "SinusoidalConfig",
+    "T5BiasConfig",
     "__version__",
     "config_from_dict",
     "evaluate",

@@ -24,6 +24,7 @@ FACTORIES = {
     "alibi": lambda n: posswap.AlibiConfig(max_length=n),
     "sinusoidal": lambda n: posswap.SinusoidalConfig(max_length=n),
     "nope": lambda n: posswap.NoPEConfig(max_length=n),
+    "t5-bias": lambda n: posswap.T5BiasConfig(max_length=n, init="fit"),
 }
 
 

@@ -1,4 +1,4 @@
-"""A RoPE/ALiBi/sinusoidal/NoPE folder loads without posswap: ``trust_remote_code=True`` gives the same logits and
+"""A RoPE/ALiBi/sinusoidal/NoPE/T5-bias folder loads without posswap: ``trust_remote_code=True`` gives the same logits and
 the same greedy ``generate`` as ``posswap.from_pretrained``; plain transformers refuses it; no written file imports
 posswap.
 
@@ -40,12 +40,16 @@ CASES = {
     "gpt2-alibi": ("gpt2", "GPT2LMHeadModel", "AutoModelForCausalLM", posswap.AlibiConfig(max_length=NEW_LENGTH)),
     "gpt2-alibi-eager-keep": ("gpt2", "GPT2LMHeadModel", "AutoModelForCausalLM",
                               posswap.AlibiConfig(max_length=NEW_LENGTH, backend="eager", absolute="keep")),
+    # init="fit": non-zero bucket tables, so a table the bundle failed to restore would show in the logits.
+    "gpt2-t5-bias-fit": ("gpt2", "GPT2LMHeadModel", "AutoModelForCausalLM", posswap.T5BiasConfig(max_length=NEW_LENGTH, init="fit")),
     "gpt2-rope-seqcls": ("gpt2", "GPT2ForSequenceClassification", "AutoModelForSequenceClassification",
                          posswap.RopeConfig(max_length=NEW_LENGTH)),
     "bert-rope-mlm": ("bert", "BertForMaskedLM", "AutoModelForMaskedLM", posswap.RopeConfig(max_length=NEW_LENGTH)),
     "bert-alibi-mlm": ("bert", "BertForMaskedLM", "AutoModelForMaskedLM", posswap.AlibiConfig(max_length=NEW_LENGTH)),
     "bert-alibi-seqcls-flex": ("bert", "BertForSequenceClassification", "AutoModelForSequenceClassification",
                                posswap.AlibiConfig(max_length=NEW_LENGTH, backend="flex")),
+    "bert-t5-bias-perlayer-mlm": ("bert", "BertForMaskedLM", "AutoModelForMaskedLM",
+                                  posswap.T5BiasConfig(max_length=NEW_LENGTH, init="fit", per_layer=True)),
     "bert-rope-base-keep": ("bert", "BertModel", "AutoModel", posswap.RopeConfig(max_length=NEW_LENGTH, absolute="keep")),
     "roberta-rope-mlm": ("roberta", "RobertaForMaskedLM", "AutoModelForMaskedLM", posswap.RopeConfig(max_length=NEW_LENGTH)),
     "xlmr-alibi-tokcls": ("xlm-roberta", "XLMRobertaForTokenClassification", "AutoModelForTokenClassification",

@@ -17,6 +17,7 @@ from .posswap_attention import PLAIN_IMPLEMENTATIONS, install_bias
 from .posswap_guard import install_length_guard
 from .posswap_rotary import install_rotary
 from .posswap_tables import NoPositions, SinusoidalPositions
+from .posswap_t5 import T5Buckets
 
 
 def drop_table(sites: Sites) -> None:
@@ -48,7 +49,24 @@ def _install_nope(model: nn.Module, sites: Sites, block: dict) -> None:
     """NoPE: no positions at all. install_positions has already dropped the table; there is nothing to add."""
 
 
-INSTALLERS = {"rope": _install_rope, "alibi": _install_alibi, "sinusoidal": _install_sinusoidal, "nope": _install_nope}
+def _install_t5_bias(model: nn.Module, sites: Sites, block: dict) -> None:
+    # Built with whatever values nn.Embedding starts with: the checkpoint (loading) or init (patching) sets them.
+    attentions = sites.self_attentions()
+    count = len(attentions) if block.get("per_layer") else 1
+    providers = [
+        T5Buckets(model.config.num_attention_heads, block["num_buckets"], block["max_distance"], not sites.arch.causal)
+        for _ in range(count)
+    ]
+    install_bias(model, sites.base, attentions, providers, block.get("backend") or "sdpa")
+
+
+INSTALLERS = {
+    "rope": _install_rope,
+    "alibi": _install_alibi,
+    "sinusoidal": _install_sinusoidal,
+    "nope": _install_nope,
+    "t5-bias": _install_t5_bias,
+}
 # Methods whose saved folders need this code to load right (interpolate only resizes the table); NoPE too: plain
 # transformers would load its folder with a random table.
 RUNTIME_METHODS = tuple(INSTALLERS)

@@ -25,26 +25,31 @@ def t5_buckets(relative_position: torch.Tensor, bidirectional: bool, num_buckets
 
 class T5Buckets(BiasProvider):
     """``bias[h, i, j] = table[bucket(j - i), h]``. The table is a parameter (``relative_attention_bias``, as T5
-    names it); the flex path looks distances up in a per-distance copy of it, so it builds no (q, k) tensor."""
+    names it); both paths look distances up in a per-distance copy of it (flex inside the kernel, so it builds no
+    (q, k) tensor)."""
 
     def __init__(self, num_heads: int, num_buckets: int, max_distance: int, bidirectional: bool):
         super().__init__()
         self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
         self.relative_attention_bias = nn.Embedding(num_buckets, num_heads)
 
-    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        distance = k_pos[..., None, :] - q_pos[..., :, None]  # (b|1, q, k): memory minus query, as T5
-        buckets = t5_buckets(distance, self.bidirectional, self.num_buckets, self.max_distance)
-        return self.relative_attention_bias(buckets).permute(0, 3, 1, 2).float()  # (b|1, h, q, k)
-
-    def score_term(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Callable:
-        # One row per possible distance: (heads, 2L - 1), indexed by k - q + (L - 1) inside the kernel.
+    def per_distance(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(heads, 2 * span - 1) fp32 biases, one column per key-minus-query distance from -(span - 1) on, and the
+        column of distance 0. The bucket function runs on these few distances, not on every (q, k) pair."""
         span = int(max(q_pos.max(), k_pos.max()) - min(q_pos.min(), k_pos.min())) + 1
         distances = torch.arange(-span + 1, span, device=q_pos.device)
-        per_distance = self.relative_attention_bias(
-            t5_buckets(distances, self.bidirectional, self.num_buckets, self.max_distance)
-        ).t().float()
-        offset = span - 1
+        buckets = t5_buckets(distances, self.bidirectional, self.num_buckets, self.max_distance)
+        return self.relative_attention_bias(buckets).t().float(), span - 1
+
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        per_distance, offset = self.per_distance(q_pos, k_pos)
+        distance = k_pos[..., None, :] - q_pos[..., :, None] + offset  # (b|1, q, k): memory minus query, as T5
+        # Gathered heads-first: (b, h, q, k) is then contiguous for b = 1, as SDPA reads it; a permuted
+        # layout would be copied again by every layer's kernel, forward and backward.
+        return per_distance[:, distance].movedim(0, 1).contiguous()
+
+    def score_term(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Callable:
+        per_distance, offset = self.per_distance(q_pos, k_pos)  # flex: looked up inside the kernel, no (q, k) tensor
 
         def term(b, h, q_idx, kv_idx):
             return per_distance[h, k_pos[b, kv_idx] - q_pos[b, q_idx] + offset]

@@ -14,10 +14,13 @@ def _is_norm(name: str) -> bool:
 
 
 def position_parameter_names(model: nn.Module) -> set[str]:
-    sites = find_sites(model)
-    if sites.table is None:
-        return set()
-    return {name for name, p in model.named_parameters() if p is sites.table.weight}
+    """The learned table, and every parameter of a bias method's providers (T5's buckets, ...)."""
+    table = find_sites(model).table
+    return {
+        name
+        for name, p in model.named_parameters()
+        if (table is not None and p is table.weight) or "posswap_bias_providers" in name
+    }
 
 
 def select_trainable(model: nn.Module, trainable: str, train_norms: bool, lora=None) -> nn.Module:

@@ -1,0 +1,147 @@
+"""``t5-bias``: T5's learned relative position bias (Raffel et al.) in every self-attention layer: a per-head
+bias over log-spaced buckets of the key-minus-query distance, added to the attention logits by posswap's bias
+attention family. The provider (``portable/posswap_t5.py``) travels with saved models; this file holds the
+config, the checks and the starting values (``init``).
+
+``init="fit"`` starts the buckets where the original's first layer put its position-position logits:
+for each head, ``score[i, j] = (x_i W_Q) . (x_j W_K) * scaling`` over the original positions, with ``x_i`` the
+table row ``p_i`` carried to the first layer as the model carries it (the linear part of the LayerNorm it passes:
+centred, divided by the typical standard deviation of that LayerNorm's whole input (token + position), times
+its weight; then ELECTRA's projection). The LayerNorm's shift and the q/k biases are left out: with them the
+extra terms are constant along a query's row (softmax ignores them) or depend on the key's absolute position
+alone, which no relative bias can express. With a one-hot bucket design, the least-squares fit of a bucket is
+the mean of the scores of the (i, j) pairs in that bucket (j <= i for GPT-2); empty buckets get 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..absolute import ABSOLUTE_CHOICES, check_absolute, keep_table, planned_table_weight
+from ..architectures import FIRST_LAYER_INPUT, Sites
+from ..backends import check_bias_backend, resolve_bias_backend, validate_backend
+from ..config import PositionConfig, check_bool, check_choice, check_number
+from ..portable.posswap_t5 import t5_buckets
+from ..registry import register_method
+
+INITS = ("zeros", "fit")
+
+
+@dataclass
+class T5BiasConfig(PositionConfig):
+    method = "t5-bias"
+
+    num_buckets: int = field(
+        default=32,
+        metadata={"help": "Buckets of relative distance, one learned bias per bucket and head (T5: 32); encoders split them between both directions."},
+    )
+    max_distance: int = field(
+        default=128, metadata={"help": "Distance at which the log-spaced buckets end; farther keys share the last bucket (T5: 128)."}
+    )
+    per_layer: bool = field(default=False, metadata={"help": "One bucket table per layer (true) or one shared by all layers, as T5 (false)."})
+    absolute: str = field(default="drop", metadata={"help": "drop: remove the learned table (default); keep: keep it, extended by copy."})
+    init: str = field(
+        default="zeros",
+        metadata={"help": "Starting biases: zeros, or fit (per-bucket means of the original's first-layer position-position logits)."},
+    )
+    backend: str | None = field(default=None, metadata={"help": "Attention kernel: sdpa, flex or eager; default: what the model was loaded with."})
+
+    def validate(self) -> None:
+        super().validate()
+        # T5's bucket function divides by log(max_distance / max_exact), max_exact = num_buckets / 4 (encoders) or / 2.
+        check_number("num_buckets", self.num_buckets, minimum=4, maximum=65536, integer=True)
+        check_number("max_distance", self.max_distance, above=self.num_buckets // 2, integer=True)
+        check_bool("per_layer", self.per_layer)
+        check_choice("absolute", self.absolute, ABSOLUTE_CHOICES)
+        check_choice("init", self.init, INITS)
+        validate_backend(self.backend)
+
+
+def check(model: nn.Module, sites: Sites, config: T5BiasConfig) -> None:
+    check_absolute(sites, config.absolute)
+    if config.init == "fit" and sites.table is None:
+        raise ValueError("init='fit' fits the biases to the learned position table, but this model has none left. Use init='zeros'.")
+    check_bias_backend(model, config.backend)
+
+
+def apply(model: nn.Module, sites: Sites, config: T5BiasConfig) -> torch.Tensor | None:
+    """A kept table grows by copy; returns the original table rows for ``init="fit"`` (the run time drops the
+    table right after this)."""
+    rows = None
+    if config.init == "fit":
+        previous = getattr(model.config, "posswap", None) or {}
+        length = previous.get("original_length", sites.max_length)
+        rows = sites.table.weight.detach()[sites.offset : sites.offset + length].clone()
+    keep_table(sites, planned_table_weight(sites, config.absolute, config.max_length))
+    config.backend = resolve_bias_backend(model, config.backend)  # recorded, so a loaded model runs the same kernel
+    return rows
+
+
+def initialize(model: nn.Module, sites: Sites, config: T5BiasConfig, rows: torch.Tensor | None) -> None:
+    """Starting values of the bucket tables the run time created (empty, as in a model being loaded)."""
+    reference = next(p for p in model.parameters() if p.is_floating_point())
+    values = torch.zeros(config.num_buckets, model.config.num_attention_heads)
+    if rows is not None:
+        values = fitted_biases(model, sites, rows, config)
+    with torch.no_grad():
+        for provider in sites.base.posswap_bias_providers:
+            provider.to(device=reference.device, dtype=reference.dtype)
+            provider.relative_attention_bias.weight.copy_(values)  # every layer starts the same, shared or not
+
+
+def position_inputs(model: nn.Module, sites: Sites, rows: torch.Tensor) -> torch.Tensor:
+    """The table rows as the first layer's q/k projections see them (linear part only; see the module docstring)."""
+    norm_path, projection_path = FIRST_LAYER_INPUT[sites.arch.model_type]
+    modules = dict(sites.base.named_modules())
+    norm = modules[norm_path]
+    content = model.get_input_embeddings().weight.detach().double()
+    token_type = getattr(sites.owner, "token_type_embeddings", None)
+    if token_type is not None:  # BERT family: every token also carries token type 0
+        content = content + token_type.weight.detach()[0].double()
+    p = rows.double()
+
+    def centred(x):
+        return x - x.mean(-1, keepdim=True)
+
+    # Mean over (token, position) of the variance of token + position, expanded so that no (V, L, D) tensor is built.
+    cross = (centred(content.mean(0)) * centred(p.mean(0))).mean()
+    variance = centred(content).pow(2).mean() + centred(p).pow(2).mean() + 2 * cross
+    x = centred(p) / torch.sqrt(variance + norm.eps) * norm.weight.detach().double()
+    projection = modules.get(projection_path) if projection_path else None
+    return x @ projection.weight.detach().double().T if projection is not None else x
+
+
+def fitted_biases(model: nn.Module, sites: Sites, rows: torch.Tensor, config: T5BiasConfig) -> torch.Tensor:
+    """(num_buckets, heads): per head, the mean first-layer position-position logit of each bucket's pairs."""
+    attention = sites.self_attentions()[0]
+    hidden, heads = model.config.hidden_size, model.config.num_attention_heads
+    weights = []
+    for name, chunks in sites.arch.qk_projections:  # GPT-2: fused c_attn, a Conv1D (in, out); BERT: Linear (out, in)
+        module = getattr(attention, name)
+        weight = module.weight.detach().double()
+        weight = weight.T if isinstance(module, nn.Linear) else weight
+        weights += [weight[:, c * hidden : (c + 1) * hidden] for c in chunks]
+    w_q, w_k = weights
+    x = position_inputs(model, sites, rows)
+    length = x.shape[0]
+    q, k = ((x @ w).view(length, heads, -1).transpose(0, 1) for w in (w_q, w_k))  # (heads, L, head_dim)
+    scaling = getattr(attention, "scaling", q.shape[-1] ** -0.5)
+    scores = q @ k.transpose(-1, -2) * scaling  # (heads, L, L)
+    positions = torch.arange(length)
+    buckets = t5_buckets(positions[None, :] - positions[:, None], not sites.arch.causal, config.num_buckets, config.max_distance)
+    pairs = torch.ones(length, length, dtype=torch.bool)
+    pairs = pairs.tril() if sites.arch.causal else pairs  # GPT-2's queries never see later keys
+    return bucket_means(scores[:, pairs], buckets[pairs], config.num_buckets).T.float()
+
+
+def bucket_means(scores: torch.Tensor, buckets: torch.Tensor, num_buckets: int) -> torch.Tensor:
+    """(heads, pairs) scores, (pairs,) bucket ids -> (heads, num_buckets) means; 0 for a bucket with no pair."""
+    sums = scores.new_zeros(scores.shape[0], num_buckets).index_add_(1, buckets, scores)
+    counts = torch.bincount(buckets, minlength=num_buckets).clamp_min(1)
+    return sums / counts
+
+
+register_method(T5BiasConfig, check, apply, initialize)
