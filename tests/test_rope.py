@@ -87,23 +87,6 @@ def test_kv_cache_decoding_equals_full_pass(absolute):
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("absolute", ["drop", "keep"])
-def test_left_padded_generation_equals_rows_alone(absolute):
-    model = posswap.patch(make_model("gpt2", "GPT2LMHeadModel"), posswap.RopeConfig(max_length=NEW_LENGTH, absolute=absolute))
-    pad = model.config.eos_token_id
-    long, short = token_ids(12, batch=1, seed=3), token_ids(7, batch=1, seed=4)
-    batch = torch.cat([long, torch.cat([torch.full((1, 5), pad), short], dim=1)])
-    mask = torch.ones_like(batch)
-    mask[1, :5] = 0
-    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=pad, output_logits=True, return_dict_in_generate=True)
-    together = model.generate(input_ids=batch, attention_mask=mask, **kwargs)
-    for row, ids in enumerate([long, short]):
-        alone = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
-        assert torch.equal(together.sequences[row, -8:], alone.sequences[0, -8:])
-        for a, b in zip(together.logits, alone.logits):
-            torch.testing.assert_close(a[row], b[0], atol=1e-4, rtol=1e-4)
-
-
 @pytest.mark.parametrize("model_type,head", [("gpt2", "GPT2LMHeadModel"), ("bert", "BertForMaskedLM")])
 def test_training_step_with_gradient_checkpointing(model_type, head):
     model = posswap.patch(make_model(model_type, head), posswap.RopeConfig(max_length=NEW_LENGTH))

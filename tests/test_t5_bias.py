@@ -217,22 +217,6 @@ def test_gpt2_kv_cache_decoding_equals_full_pass(backend):
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
 
 
-def test_gpt2_left_padded_batch_equals_rows_alone():
-    model = fill_tables(patched(*GPT2))
-    long, short = token_ids(14, batch=1, seed=3), token_ids(9, batch=1, seed=4)
-    pad = model.config.eos_token_id
-    batch = torch.cat([long, torch.cat([torch.full((1, 5), pad), short], dim=1)])
-    mask = torch.ones_like(batch)
-    mask[1, :5] = 0
-    with torch.no_grad():
-        together = model(input_ids=batch, attention_mask=mask).logits
-        torch.testing.assert_close(together[0], model(input_ids=long).logits[0], atol=1e-5, rtol=0)
-        torch.testing.assert_close(together[1, 5:], model(input_ids=short).logits[0], atol=1e-5, rtol=0)
-        settings = dict(max_new_tokens=6, do_sample=False, pad_token_id=pad)
-        generated = model.generate(input_ids=batch, attention_mask=mask, **settings)
-        assert torch.equal(generated[1, 14:], model.generate(input_ids=short, **settings)[0, 9:])
-
-
 @pytest.mark.parametrize("per_layer,absolute", [(False, "drop"), (True, "keep")])
 @pytest.mark.parametrize("model_type,head", [GPT2, BERT, ("roberta", "RobertaForMaskedLM")])
 def test_save_and_load_restore_the_bucket_tables(model_type, head, per_layer, absolute, tmp_path):
