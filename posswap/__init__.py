@@ -11,6 +11,7 @@ from .loading import from_pretrained
 from .methods.alibi import AlibiConfig
 from .methods.interpolate import InterpolateConfig
 from .methods.rope import RopeConfig
+from .methods.tupe import TupeConfig
 from .patching import patch, patched_config
 from .version import __version__
 
@@ -21,6 +22,7 @@ __all__ = [
     "PositionConfig",
     "Results",
     "RopeConfig",
+    "TupeConfig",
     "__version__",
     "config_from_dict",
     "evaluate",

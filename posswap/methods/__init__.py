@@ -1,3 +1,3 @@
 """One file per position method; importing this package registers them all."""
 
-from . import alibi, interpolate, rope  # noqa: F401
+from . import alibi, interpolate, rope, tupe  # noqa: F401

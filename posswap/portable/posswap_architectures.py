@@ -31,6 +31,8 @@ class Architecture:
     # queries or keys: GPT-2's fused c_attn gives [q | k | v], BERT has separate query and key.
     qk_projections: tuple[tuple[str, tuple[int, ...]], ...]
     offset: Callable[[object], int] = lambda config: 0  # table rows before the first real position
+    # Linear map from the embeddings to the first layer's width, on the base model (ELECTRA's small embeddings).
+    embedding_projection: str = ""
 
 
 def _padding_offset(config) -> int:
@@ -45,7 +47,7 @@ _BERT_LIKE = dict(
 
 ARCHITECTURES: dict[str, Architecture] = {
     "bert": Architecture("bert", **_BERT_LIKE),
-    "electra": Architecture("electra", **_BERT_LIKE),
+    "electra": Architecture("electra", **_BERT_LIKE, embedding_projection="embeddings_project"),
     "roberta": Architecture("roberta", **_BERT_LIKE, offset=_padding_offset),
     "xlm-roberta": Architecture("xlm-roberta", **_BERT_LIKE, offset=_padding_offset),
     "gpt2": Architecture(
