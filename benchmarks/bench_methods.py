@@ -17,6 +17,9 @@ costs at that length without posswap. Variants:
   sinusoidal  posswap's fixed sin/cos table in place of the learned one (a row lookup, as stock)
   nope        no positions at all (table dropped, nothing added)
   t5-bias     posswap t5-bias (32 buckets shared by the layers), bias added to SDPA's float mask
+  tupe        posswap TUPE (sdpa): the positional correlation as extra q/k features, no n x n tensor
+  tupe-dense  the alternative TUPE did not take: the same correlation as a dense (heads, n, n) bias in SDPA's mask
+  tupe-r      TUPE-R (sdpa): features plus T5's bucketed relative bias (dense)
 Each (variant, length, mode) runs in its own subprocess. Peak memory: on CUDA torch.cuda.max_memory_allocated;
 on CPU the peak resident set size (a sampling thread reading /proc/self/statm every 0.5 ms) during the
 measured call, minus the RSS just before it, with MALLOC_MMAP_THRESHOLD_=65536 so that freed tensors leave RSS. Time: the median of --repeats calls after one warm-up.
@@ -33,7 +36,7 @@ import sys
 import threading
 import time
 
-VARIANTS = ("stock", "copy", "rope", "rope-yarn", "alibi-sdpa", "alibi-flex", "sinusoidal", "nope", "t5-bias")
+VARIANTS = ("stock", "copy", "rope", "rope-yarn", "alibi-sdpa", "alibi-flex", "sinusoidal", "nope", "t5-bias", "tupe", "tupe-dense", "tupe-r")
 SIZES = {"reference": dict(n_layer=6, n_embd=256, n_head=8, vocab_size=8192), "small": dict(n_layer=12, n_embd=768, n_head=12)}
 MODES = ("fwd", "fwd+bwd")
 
@@ -78,7 +81,22 @@ def patch_config(variant: str, length: int):
         "sinusoidal": posswap.SinusoidalConfig(max_length=length),
         "nope": posswap.NoPEConfig(max_length=length),
         "t5-bias": posswap.T5BiasConfig(max_length=length, backend="sdpa"),
+        "tupe": posswap.TupeConfig(max_length=length, backend="sdpa"),
+        "tupe-dense": posswap.TupeConfig(max_length=length, backend="sdpa"),
+        "tupe-r": posswap.TupeConfig(max_length=length, backend="sdpa", relative=True),
     }[variant]
+
+
+def as_dense_bias(model) -> None:
+    """tupe-dense: the provider gives its correlation as a dense bias instead of q/k features."""
+    provider = model.base_model.posswap_bias_providers[0]
+    features = provider.features  # bound before it is replaced: scaling 1.0 gives the term itself
+
+    def bias(q_pos, k_pos):
+        fq, fk = features(q_pos, k_pos, 1.0)
+        return fq @ fk.transpose(-1, -2)  # (1, heads, q, k)
+
+    provider.has_bias, provider.bias, provider.features = True, bias, lambda *args: None
 
 
 def measure(variant: str, length: int, mode: str, size: str, layers: int | None, repeats: int, device: str) -> dict:
@@ -94,6 +112,8 @@ def measure(variant: str, length: int, mode: str, size: str, layers: int | None,
     model = transformers.GPT2Model(config).to(device)
     if variant != "stock":
         posswap.patch(model, patch_config(variant, length))
+    if variant == "tupe-dense":
+        as_dense_bias(model)
     model.train(mode == "fwd+bwd")
     ids = torch.randint(0, config.vocab_size, (1, length), device=device)
 

@@ -14,6 +14,7 @@ from .methods.nope import NoPEConfig
 from .methods.rope import RopeConfig
 from .methods.sinusoidal import SinusoidalConfig
 from .methods.t5_bias import T5BiasConfig
+from .methods.tupe import TupeConfig
 from .patching import patch, patched_config
 from .version import __version__
 
@@ -27,6 +28,7 @@ __all__ = [
     "RopeConfig",
     "SinusoidalConfig",
     "T5BiasConfig",
+    "TupeConfig",
     "__version__",
     "config_from_dict",
     "evaluate",

@@ -25,7 +25,7 @@ def patch_bytes(model: nn.Module, config: PositionConfig) -> int:
     rows = config.max_length + sites.offset
     per_row = sum(b.element_size() for b in (getattr(sites.owner, n, None) for n in POSITION_SIZED_BUFFERS) if b is not None)
     table = sites.table
-    if (config.method == "interpolate" or getattr(config, "absolute", None) == "keep") and table is not None:
+    if (config.method in ("interpolate", "tupe") or getattr(config, "absolute", None) == "keep") and table is not None:
         per_row += table.embedding_dim * max(table.weight.element_size(), 4) * RESAMPLE_COPIES
     if config.method == "sinusoidal":
         per_row += sites.table_dim * SINUSOID_BYTES_PER_VALUE

@@ -25,6 +25,7 @@ FACTORIES = {
     "sinusoidal": lambda n: posswap.SinusoidalConfig(max_length=n),
     "nope": lambda n: posswap.NoPEConfig(max_length=n),
     "t5-bias": lambda n: posswap.T5BiasConfig(max_length=n, init="fit"),
+    "tupe": lambda n: posswap.TupeConfig(max_length=n, relative=True),
 }
 
 

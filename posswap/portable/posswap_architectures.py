@@ -34,6 +34,8 @@ class Architecture:
     conv1d: bool  # GPT-2's projections are Conv1D, weights stored (in, out): peft's fan_in_fan_out
     layer_class: str  # the transformer block, FSDP's unit of wrapping (recipes/accelerate/fsdp.yaml lists them)
     offset: Callable[[object], int] = lambda config: 0  # table rows before the first real position
+    # Linear map from the embeddings to the first layer's width, on the base model (ELECTRA's small embeddings).
+    embedding_projection: str = ""
 
 
 def _padding_offset(config) -> int:
@@ -48,7 +50,7 @@ _BERT_LIKE = dict(
 
 ARCHITECTURES: dict[str, Architecture] = {
     "bert": Architecture("bert", **_BERT_LIKE, layer_class="BertLayer"),
-    "electra": Architecture("electra", **_BERT_LIKE, layer_class="ElectraLayer"),
+    "electra": Architecture("electra", **_BERT_LIKE, layer_class="ElectraLayer", embedding_projection="embeddings_project"),
     "roberta": Architecture("roberta", **_BERT_LIKE, layer_class="RobertaLayer", offset=_padding_offset),
     "xlm-roberta": Architecture("xlm-roberta", **_BERT_LIKE, layer_class="XLMRobertaLayer", offset=_padding_offset),
     "gpt2": Architecture(

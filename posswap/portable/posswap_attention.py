@@ -41,9 +41,16 @@ class BiasProvider(nn.Module):
     ``bias(q_pos, k_pos)``: a dense fp32 tensor (batch or 1, heads, q, k) for sdpa / eager.
     ``score_term(q_pos, k_pos)``: a function ``(b, h, q_idx, kv_idx) -> bias`` for flex's score_mod, which
     builds no (q, k) tensor; ``q_pos`` / ``k_pos`` are expanded to the batch there.
+    ``features(q_pos, k_pos, scaling)``: optional extra query / key features (b|1, h, q|k, f), appended to q and
+    k, whose dot product times ``scaling`` is a low-rank part of the logits (TUPE): exact on every kernel, no
+    (q, k) tensor. ``has_bias = False``: features only, the kernel runs with the model's own mask.
+    ``position_offset``: subtracted from explicit position ids (RoBERTa's padding_idx + 1), for absolute methods.
     ``cache`` keeps the bias+mask of the current forward: every layer sharing this provider reuses it (built
     once, and autograd saves one copy), and a hook on the base model empties it when the forward ends.
     """
+
+    has_bias = True
+    position_offset = 0
 
     def __init__(self) -> None:
         super().__init__()
@@ -58,18 +65,26 @@ class BiasProvider(nn.Module):
     def score_term(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Callable:
         raise NotImplementedError
 
+    def features(self, q_pos: torch.Tensor, k_pos: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return None
 
-def bias_positions(position_ids: torch.Tensor | None, q_len: int, k_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+
+def bias_positions(
+    position_ids: torch.Tensor | None, q_len: int, k_len: int, device, offset: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Integer positions (batch or 1, q) and (batch or 1, k) of the queries and keys.
 
-    Explicit positions (packed sequences, PoSE, generate's padding-aware ids) are used when they describe
-    both queries and keys, i.e. without earlier cached keys. With a cache, query i is key k_len - q_len + i;
-    index distances are also right under left padding because padded keys are masked.
+    Explicit positions (packed sequences, PoSE, generate's padding-aware ids), less ``offset``, are used when they
+    describe both queries and keys, i.e. without earlier cached keys. With a cache, keys are numbered back from
+    the last query's position: key k_len - 1 - n is n before it. That is right for every real key under left
+    padding (generate's ids count real tokens only; padded keys get positions the mask removes anyway).
     """
-    if position_ids is not None and q_len == k_len and position_ids.shape[-1] == q_len:
-        positions = position_ids.to(device)
-        return positions, positions
-    k_pos = torch.arange(k_len, device=device)[None]
+    if position_ids is not None:
+        position_ids = position_ids.to(device) - offset
+        if q_len == k_len and position_ids.shape[-1] == q_len:
+            return position_ids, position_ids
+    last = position_ids[..., -1:] if position_ids is not None else torch.full((1, 1), k_len - 1, device=device)
+    k_pos = last - torch.arange(k_len - 1, -1, -1, device=device)
     return k_pos[:, k_len - q_len :], k_pos
 
 
@@ -95,7 +110,8 @@ def additive_mask(module, query, key, attention_mask, position_ids) -> torch.Ten
     cache_key = (attention_mask, position_ids, q_len, k_len, query.dtype)
     if provider.cache and all(map(_same, provider.cache[0], cache_key)):
         return provider.cache[1]
-    bias = provider.bias(*bias_positions(position_ids, q_len, k_len, query.device)).to(query.dtype)
+    positions = bias_positions(position_ids, q_len, k_len, query.device, provider.position_offset)
+    bias = provider.bias(*positions).to(query.dtype)
     lowest = torch.finfo(query.dtype).min
     if attention_mask is None and module.is_causal and q_len > 1:
         # SDPA would have used is_causal; a bias rules that out, so the causal mask is built here
@@ -112,12 +128,32 @@ def additive_mask(module, query, key, attention_mask, position_ids) -> torch.Ten
     return combined
 
 
+def with_features(module, query, key, scaling: float, position_ids) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k with the provider's extra features appended (unchanged when it has none). ``scaling`` is the
+    layer's own, taken before the head dim grows."""
+    provider: BiasProvider = module.posswap_bias
+    positions = bias_positions(position_ids, query.shape[2], key.shape[2], query.device, provider.position_offset)
+    extra = provider.features(*positions, scaling)
+    if extra is None:
+        return query, key
+    fq, fk = (f.to(query.dtype).expand(query.shape[0], -1, -1, -1) for f in extra)
+    return torch.cat([query, fq], dim=-1), torch.cat([key, fk], dim=-1)
+
+
 def bias_sdpa_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     if not hasattr(module, "posswap_bias"):  # cross-attention: not patched, plain SDPA
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    mask = additive_mask(module, query, key, attention_mask, kwargs.get("position_ids"))
+    scaling, head_dim = (query.shape[-1] ** -0.5 if scaling is None else scaling), value.shape[-1]
+    mask = additive_mask(module, query, key, attention_mask, kwargs.get("position_ids")) if module.posswap_bias.has_bias else None
+    query, key = with_features(module, query, key, scaling, kwargs.get("position_ids"))
+    if query.shape[-1] != head_dim:
+        # CPU's fused SDPA kernels want v as wide as q and k (else the math path, 3x slower): zeros, cut off after.
+        value = F.pad(value, (0, query.shape[-1] - head_dim))
+    if mask is None:  # features only: the model's own mask (or is_causal), as plain SDPA runs it
+        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return out[..., :head_dim].contiguous(), None
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
-    return out.transpose(1, 2).contiguous(), None
+    return out[..., :head_dim].transpose(1, 2).contiguous(), None
 
 
 def bias_eager_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
@@ -125,7 +161,11 @@ def bias_eager_attention(module, query, key, value, attention_mask, dropout: flo
     if not hasattr(module, "posswap_bias"):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    mask = additive_mask(module, query, key, attention_mask, kwargs.get("position_ids"))
+    if module.posswap_bias.has_bias:
+        mask = additive_mask(module, query, key, attention_mask, kwargs.get("position_ids"))
+    else:  # eager_mask always gives a float mask; none only where nothing is masked
+        mask = 0.0 if attention_mask is None else attention_mask[..., : key.shape[2]]
+    query, key = with_features(module, query, key, scaling, kwargs.get("position_ids"))
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling + mask
     weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
     weights = F.dropout(weights, p=dropout, training=module.training)
@@ -147,12 +187,17 @@ def bias_flex_attention(module, query, key, value, attention_mask, dropout: floa
         raise ValueError("Backend 'flex' needs the BlockMask transformers builds; got a tensor mask. Use backend='sdpa'.")
     if attention_mask is None and module.is_causal and q_len > 1:
         attention_mask = flex_attention_mask(batch, q_len, k_len, q_offset=k_len - q_len, device=query.device)
-    q_pos, k_pos = bias_positions(kwargs.get("position_ids"), q_len, k_len, query.device)
-    term = module.posswap_bias.score_term(q_pos.expand(batch, -1), k_pos.expand(batch, -1))
+    provider: BiasProvider = module.posswap_bias
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    score_mod = None
+    if provider.has_bias:
+        q_pos, k_pos = bias_positions(kwargs.get("position_ids"), q_len, k_len, query.device, provider.position_offset)
+        term = provider.score_term(q_pos.expand(batch, -1), k_pos.expand(batch, -1))
 
-    def score_mod(score, b, h, q_idx, kv_idx):
-        return score + term(b, h, q_idx, kv_idx)
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + term(b, h, q_idx, kv_idx)
 
+    query, key = with_features(module, query, key, scaling, kwargs.get("position_ids"))
     out = compile_friendly_flex_attention(
         query, key, value, score_mod=score_mod, block_mask=attention_mask, scale=scaling, training=module.training
     )

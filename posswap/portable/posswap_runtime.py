@@ -18,6 +18,7 @@ from .posswap_guard import install_length_guard
 from .posswap_rotary import install_rotary
 from .posswap_tables import NoPositions, SinusoidalPositions
 from .posswap_t5 import T5Buckets
+from .posswap_tupe import TupeBias
 
 
 def drop_table(sites: Sites) -> None:
@@ -60,12 +61,24 @@ def _install_t5_bias(model: nn.Module, sites: Sites, block: dict) -> None:
     install_bias(model, sites.base, attentions, providers, block.get("backend") or "sdpa")
 
 
+def _install_tupe(model: nn.Module, sites: Sites, block: dict) -> None:
+    config, heads = model.config, model.config.num_attention_heads
+    # TUPE-R: T5's buckets as the paper uses them (32 buckets, max distance 128), causal for decoders.
+    relative = T5Buckets(heads, 32, 128, bidirectional=not sites.arch.causal) if block.get("relative") else None
+    table_dim = sites.table_dim  # NoPositions keeps the dropped table's width
+    provider = TupeBias(heads, table_dim, config.hidden_size, block["max_length"], sites.offset, block["cls_reset"], relative)
+    reference = sites.self_attentions()[0].parameters().__next__()  # meta while a saved model is built
+    provider.to(device=reference.device, dtype=reference.dtype)
+    install_bias(model, sites.base, sites.self_attentions(), [provider], block.get("backend") or "sdpa")
+
+
 INSTALLERS = {
     "rope": _install_rope,
     "alibi": _install_alibi,
     "sinusoidal": _install_sinusoidal,
     "nope": _install_nope,
     "t5-bias": _install_t5_bias,
+    "tupe": _install_tupe,
 }
 # Methods whose saved folders need this code to load right (interpolate only resizes the table); NoPE too: plain
 # transformers would load its folder with a random table.

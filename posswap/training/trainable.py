@@ -14,13 +14,11 @@ def _is_norm(name: str) -> bool:
 
 
 def position_parameter_names(model: nn.Module) -> set[str]:
-    """The learned table, and every parameter of a bias method's providers (T5's buckets, ...)."""
-    table = find_sites(model).table
-    return {
-        name
-        for name, p in model.named_parameters()
-        if (table is not None and p is table.weight) or "posswap_bias_providers" in name
-    }
+    """The learned table, if kept, and every parameter of a bias provider (TUPE's table and projections, T5's
+    buckets, ...): they all live under the base model's ``posswap_bias_providers``."""
+    sites = find_sites(model)
+    table = sites.table.weight if sites.table is not None else None
+    return {name for name, p in model.named_parameters() if p is table or "posswap_bias_providers" in name}
 
 
 def select_trainable(model: nn.Module, trainable: str, train_norms: bool, lora=None) -> nn.Module:

@@ -1,0 +1,111 @@
+"""``tupe``: TUPE (Ke et al., ICLR 2021). The learned table leaves the input sum; every layer adds the untied
+positional correlation ``(p_i U_Q) . (p_j U_K) / sqrt(2 d_head)`` (shared by the layers), with the [CLS] reset
+and, with ``relative``, T5's bucketed relative bias (TUPE-R). The run time is ``portable/posswap_tupe.py``.
+
+Scaling: the content term keeps the model's own ``1/sqrt(d_head)``; the paper's ``1/sqrt(2d)`` on it is for
+training from scratch, and rescaling it would change every layer at step 0. The new term uses ``1/sqrt(2d)``
+and starts as the original first layer's position-position term (U = 2^(1/4) W).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers.pytorch_utils import Conv1D
+
+from ..architectures import Sites
+from ..backends import check_bias_backend, resolve_bias_backend, validate_backend
+from ..config import PositionConfig, check_bool, check_choice
+from ..functional import RESAMPLE_MODES
+from ..registry import register_method
+from .interpolate import resized_table_weight
+
+
+@dataclass
+class TupeConfig(PositionConfig):
+    method = "tupe"
+
+    cls_reset: bool | None = field(
+        default=None,
+        metadata={"help": "Replace the correlations from and to position 0 ([CLS]) by two learned scalars per head; default: on for encoders, off for GPT-2."},
+    )
+    relative: bool = field(
+        default=False,
+        metadata={"help": "TUPE-R: also add T5's learned bucketed relative bias (32 buckets, max distance 128), zero at the start."},
+    )
+    mode: str = field(
+        default="copy",
+        metadata={"help": "How the learned table is extended to max_length: copy (tile), linear or cubic (resample)."},
+    )
+    backend: str | None = field(
+        default=None,
+        metadata={"help": "Attention kernel: sdpa, flex or eager; default: what the model was loaded with."},
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        if self.cls_reset is not None:
+            check_bool("cls_reset", self.cls_reset)
+        check_bool("relative", self.relative)
+        check_choice("mode", self.mode, RESAMPLE_MODES)
+        validate_backend(self.backend)
+
+
+def check(model: nn.Module, sites: Sites, config: TupeConfig) -> None:
+    if sites.table is None:
+        raise ValueError(
+            "tupe starts from the learned position table, but this model has none left (a method dropped it). "
+            "Start from the original checkpoint."
+        )
+    check_bias_backend(model, config.backend)
+
+
+def apply(model: nn.Module, sites: Sites, config: TupeConfig) -> torch.Tensor:
+    """Resolves the defaults into the config (so the saved block says what ran); returns the table extended to
+    max_length (real positions only), read before the run time drops it."""
+    config.backend = resolve_bias_backend(model, config.backend)
+    if config.cls_reset is None:
+        config.cls_reset = not sites.arch.causal
+    return resized_table_weight(sites, config.max_length, config.mode)[sites.offset :]
+
+
+def _first_layer_qk(sites: Sites) -> tuple[torch.Tensor, torch.Tensor]:
+    """W_Q and W_K of the first self-attention as (in, hidden) matrices, seen from the table's width (through
+    ELECTRA's embedding projection)."""
+    attention, hidden = sites.self_attentions()[0], sites.config.hidden_size
+    matrices = []
+    for name, chunks in sites.arch.qk_projections:
+        projection = getattr(attention, name)
+        weight = projection.weight if isinstance(projection, Conv1D) else projection.weight.t()  # Conv1D is (in, out)
+        matrices += [weight[:, c * hidden : (c + 1) * hidden] for c in chunks]
+    w_q, w_k = matrices
+    if sites.arch.embedding_projection:
+        into = getattr(sites.base, sites.arch.embedding_projection).weight.t()  # (table_dim, hidden)
+        w_q, w_k = into @ w_q, into @ w_k
+    return w_q, w_k
+
+
+@torch.no_grad()
+def initialize(model: nn.Module, sites: Sites, config: TupeConfig, table: torch.Tensor) -> None:
+    provider = sites.base.posswap_bias_providers[0]
+    w_q, w_k = _first_layer_qk(sites)
+    provider.positions.copy_(table)
+    # 2^(1/4) on each: the term's 1/sqrt(2d) then equals the original's 1/sqrt(d) at step 0.
+    provider.query.copy_(w_q * 2**0.25)
+    provider.key.copy_(w_k * 2**0.25)
+    if provider.relative is not None:
+        provider.relative.relative_attention_bias.weight.zero_()
+    if config.cls_reset:
+        # theta_1 / theta_2 start as the mean correlation they replace, over the positions the model was trained at.
+        old = torch.arange(min(sites.config.posswap["original_length"], config.max_length), device=table.device)[None]
+        provider.cls_reset = False
+        full = provider.correlation(old, old)[0]  # (heads, n, n), without the reset
+        provider.cls_reset = True
+        provider.cls_to_others.copy_(full[:, 0, :].mean(-1))
+        provider.others_to_cls.copy_(full[:, 1:, 0].mean(-1) if full.shape[-1] > 1 else full[:, 0, 0])
+    provider.clear()
+
+
+register_method(TupeConfig, check, apply, initialize)
