@@ -44,20 +44,25 @@ class BiasProvider(nn.Module):
     ``features(q_pos, k_pos, scaling)``: optional extra query / key features (b|1, h, q|k, f), appended to q and
     k, whose dot product times ``scaling`` is a low-rank part of the logits (TUPE): exact on every kernel, no
     (q, k) tensor. ``has_bias = False``: features only, the kernel runs with the model's own mask.
+    ``has_features = True``: the provider gives them.
     ``position_offset``: subtracted from explicit position ids (RoBERTa's padding_idx + 1), for absolute methods.
-    ``cache`` keeps the bias+mask of the current forward: every layer sharing this provider reuses it (built
-    once, and autograd saves one copy), and a hook on the base model empties it when the forward ends.
+    ``cache`` keeps the bias+mask and ``feature_cache`` the features of the current forward: every layer sharing
+    this provider reuses them (built once, and autograd saves one copy), and a hook on the base model empties
+    them when the forward ends.
     """
 
     has_bias = True
+    has_features = False
     position_offset = 0
 
     def __init__(self) -> None:
         super().__init__()
         self.cache: list[Any] = []  # [(mask, position_ids, q_len, k_len, dtype), bias_mask]
+        self.feature_cache: list[Any] = []  # [(position_ids, q_len, k_len, scaling, dtype), (fq, fk)]
 
     def clear(self) -> None:
         self.cache.clear()
+        self.feature_cache.clear()
 
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -103,13 +108,24 @@ def _writable(bias: torch.Tensor, mask_shape: torch.Size) -> torch.Tensor:
     return bias if bias.shape == shape and not bias.requires_grad else bias.expand(shape).clone()
 
 
+def _cached(store: list, key: tuple, build: Callable) -> Any:
+    """``build()`` once per forward: the layers sharing a provider pass the same inputs (position ids are the
+    same tensor object), so the first layer builds and the others reuse."""
+    if not (store and all(map(_same, store[0], key))):
+        store[:] = [key, build()]
+    return store[1]
+
+
 def additive_mask(module, query, key, attention_mask, position_ids) -> torch.Tensor:
     """Bias plus mask as one float mask (batch or 1, heads, q, k) in the query's dtype; built once per forward."""
     provider: BiasProvider = module.posswap_bias
+    cache_key = (attention_mask, position_ids, query.shape[2], key.shape[2], query.dtype)
+    return _cached(provider.cache, cache_key, lambda: _build_mask(module, query, key, attention_mask, position_ids))
+
+
+def _build_mask(module, query, key, attention_mask, position_ids) -> torch.Tensor:
+    provider: BiasProvider = module.posswap_bias
     q_len, k_len = query.shape[2], key.shape[2]
-    cache_key = (attention_mask, position_ids, q_len, k_len, query.dtype)
-    if provider.cache and all(map(_same, provider.cache[0], cache_key)):
-        return provider.cache[1]
     positions = bias_positions(position_ids, q_len, k_len, query.device, provider.position_offset)
     bias = provider.bias(*positions).to(query.dtype)
     lowest = torch.finfo(query.dtype).min
@@ -124,7 +140,6 @@ def additive_mask(module, query, key, attention_mask, position_ids) -> torch.Ten
     else:  # additive float mask: clamp so that lowest + bias cannot overflow to -inf
         mask = attention_mask[..., :k_len].to(query.dtype)
         combined = _writable(bias, mask.shape).add_(mask).clamp_min_(lowest)
-    provider.cache[:] = [cache_key, combined]
     return combined
 
 
@@ -132,11 +147,16 @@ def with_features(module, query, key, scaling: float, position_ids) -> tuple[tor
     """q and k with the provider's extra features appended (unchanged when it has none). ``scaling`` is the
     layer's own, taken before the head dim grows."""
     provider: BiasProvider = module.posswap_bias
-    positions = bias_positions(position_ids, query.shape[2], key.shape[2], query.device, provider.position_offset)
-    extra = provider.features(*positions, scaling)
-    if extra is None:
+    if not provider.has_features:
         return query, key
-    fq, fk = (f.to(query.dtype).expand(query.shape[0], -1, -1, -1) for f in extra)
+    q_len, k_len = query.shape[2], key.shape[2]
+
+    def build():
+        positions = bias_positions(position_ids, q_len, k_len, query.device, provider.position_offset)
+        return tuple(f.to(query.dtype) for f in provider.features(*positions, scaling))
+
+    cache_key = (position_ids, q_len, k_len, scaling, query.dtype)
+    fq, fk = (f.expand(query.shape[0], -1, -1, -1) for f in _cached(provider.feature_cache, cache_key, build))
     return torch.cat([query, fq], dim=-1), torch.cat([key, fk], dim=-1)
 
 

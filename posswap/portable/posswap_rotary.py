@@ -42,6 +42,7 @@ class Rotary(nn.Module):
         factor = block.get("factor")
         self.factor = max(factor if factor is not None else block["max_length"] / self.original_length, 1.0)
         self._inv_freq: dict[torch.device, tuple[torch.Tensor, float]] = {}
+        self._last: tuple | None = None  # (position_ids, (cos, sin)) of the current forward
 
     def frequencies(self, device: torch.device, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
         """fp32 inverse frequencies and the cos/sin scale; ``seq_len`` only matters for dynamic scaling."""
@@ -59,6 +60,13 @@ class Rotary(nn.Module):
         )
 
     def cos_sin(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every layer gets the same position_ids tensor in one forward: computed once, then reused (by
+        identity: the tensor is held here, so its id cannot be reused while the entry lives)."""
+        if self._last is None or self._last[0] is not position_ids:
+            self._last = (position_ids, self._cos_sin(position_ids))
+        return self._last[1]
+
+    def _cos_sin(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         seq_len = None
         if self.scaling == "dynamic":  # frequencies follow the longest position seen (NTK-aware)
             longest = int(position_ids.max()) + 1

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .posswap_attention import BiasProvider, _same
+from .posswap_attention import BiasProvider
 
 
 class TupeBias(BiasProvider):
@@ -42,18 +42,16 @@ class TupeBias(BiasProvider):
                  cls_reset: bool, relative: BiasProvider | None = None):
         super().__init__()
         self.num_heads, self.head_dim, self.position_offset = num_heads, hidden // num_heads, offset
-        self.cls_reset, self.relative, self.has_bias = cls_reset, relative, relative is not None
+        self.cls_reset, self.relative, self.has_bias, self.has_features = cls_reset, relative, relative is not None, True
         self.positions = nn.Parameter(torch.empty(max_length, table_dim))
         self.query = nn.Parameter(torch.empty(table_dim, hidden))
         self.key = nn.Parameter(torch.empty(table_dim, hidden))
         if cls_reset:
             self.cls_to_others = nn.Parameter(torch.empty(num_heads))
             self.others_to_cls = nn.Parameter(torch.empty(num_heads))
-        self._features: list = []  # [key, (fq, fk)] of the current forward, shared by the layers
 
     def clear(self) -> None:
         super().clear()
-        self._features.clear()
         if self.relative is not None:
             self.relative.clear()
 
@@ -69,15 +67,12 @@ class TupeBias(BiasProvider):
         return fq @ fk.transpose(-1, -2)
 
     def features(self, q_pos: torch.Tensor, k_pos: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (q_pos, k_pos, scaling)
-        if self._features and all(map(_same, self._features[0], key)):
-            return self._features[1]
+        """Built once per forward and shared by the layers (the attention family caches them)."""
         # The kernel multiplies q.k by the layer's scaling: divide it out, so the term is the paper's 1/sqrt(2d).
         fq = self.projected(q_pos, self.query) / (math.sqrt(2 * self.head_dim) * scaling)
         fk = self.projected(k_pos, self.key)
         if self.cls_reset:
             fq, fk = self._reset(fq, fk, q_pos, k_pos, scaling)
-        self._features[:] = [key, (fq, fk)]
         return fq, fk
 
     def _reset(self, fq, fk, q_pos, k_pos, scaling):
