@@ -1,5 +1,8 @@
 """Per-architecture facts. They live in ``posswap/portable`` because saved models carry them; this is their
-name inside the library."""
+name inside the library, with the patch-time readings of them (first-layer q/k weights) that run time never needs."""
+
+import torch
+from torch import nn
 
 from .portable.posswap_architectures import (  # noqa: F401
     ARCHITECTURES,
@@ -11,14 +14,22 @@ from .portable.posswap_architectures import (  # noqa: F401
     resized_position_buffers,
 )
 
-# What a position vector passes through between the table and the first layer's q/k projections (paths from the
-# base model): the LayerNorm, then an optional projection (ELECTRA's embeddings_project, only when its embedding
-# size differs from the hidden size). t5-bias's init="fit" follows it; run time never needs it.
-_BERT_LIKE_INPUT = ("embeddings.LayerNorm", "embeddings_project")
-FIRST_LAYER_INPUT = {
-    "bert": _BERT_LIKE_INPUT,
-    "electra": _BERT_LIKE_INPUT,
-    "roberta": _BERT_LIKE_INPUT,
-    "xlm-roberta": _BERT_LIKE_INPUT,
-    "gpt2": ("h.0.ln_1", None),
-}
+
+
+def first_layer_qk(sites: Sites) -> tuple[torch.Tensor, torch.Tensor]:
+    """W_Q and W_K of the first self-attention as (in, hidden) matrices, detached (GPT-2's fused c_attn is a
+    Conv1D stored (in, out); BERT's query / key are Linear (out, in))."""
+    attention, hidden = sites.self_attentions()[0], sites.config.hidden_size
+    matrices = []
+    for name, chunks in sites.arch.qk_projections:
+        weight = getattr(attention, name).weight.detach()
+        weight = weight if sites.arch.conv1d else weight.t()
+        matrices += [weight[:, c * hidden : (c + 1) * hidden] for c in chunks]
+    w_q, w_k = matrices
+    return w_q, w_k
+
+
+def embedding_projection(sites: Sites) -> nn.Linear | None:
+    """The map from the embeddings to the first layer's width, where the model has one (ELECTRA whose
+    embedding size differs from its hidden size)."""
+    return getattr(sites.base, sites.arch.embedding_projection, None) if sites.arch.embedding_projection else None

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+import transformers
 from transformers.models.t5.modeling_t5 import T5Attention
 
 import posswap
@@ -211,3 +212,11 @@ def test_positions_training_covers_the_new_parameters():
     names = position_parameter_names(model)
     assert {n.rsplit(".", 1)[-1] for n in names} == {"positions", "query", "key", "cls_to_others", "others_to_cls", "weight"}
     assert all("posswap_bias_providers" in n for n in names)
+
+
+def test_electra_without_an_embedding_projection_patches():
+    """ELECTRA has embeddings_project only when its embedding size differs from the hidden size."""
+    config = transformers.ElectraConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                        intermediate_size=37, embedding_size=32, max_position_embeddings=32)
+    model = posswap.patch(transformers.ElectraForMaskedLM(config).eval(), posswap.TupeConfig(max_length=64))
+    assert torch.isfinite(model(token_ids(50)).logits).all()

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..absolute import ABSOLUTE_CHOICES, check_absolute, keep_table, planned_table_weight
-from ..architectures import FIRST_LAYER_INPUT, Sites
+from ..architectures import Sites, embedding_projection, first_layer_qk
 from ..backends import check_bias_backend, resolve_bias_backend, validate_backend
 from ..config import PositionConfig, check_bool, check_choice, check_number
 from ..portable.posswap_t5 import t5_buckets
@@ -94,9 +94,7 @@ def initialize(model: nn.Module, sites: Sites, config: T5BiasConfig, rows: torch
 
 def position_inputs(model: nn.Module, sites: Sites, rows: torch.Tensor) -> torch.Tensor:
     """The table rows as the first layer's q/k projections see them (linear part only; see the module docstring)."""
-    norm_path, projection_path = FIRST_LAYER_INPUT[sites.arch.model_type]
-    modules = dict(sites.base.named_modules())
-    norm = modules[norm_path]
+    norm = sites.base.get_submodule(sites.arch.first_norm)
     content = model.get_input_embeddings().weight.detach().double()
     token_type = getattr(sites.owner, "token_type_embeddings", None)
     if token_type is not None:  # BERT family: every token also carries token type 0
@@ -110,21 +108,14 @@ def position_inputs(model: nn.Module, sites: Sites, rows: torch.Tensor) -> torch
     cross = (centred(content.mean(0)) * centred(p.mean(0))).mean()
     variance = centred(content).pow(2).mean() + centred(p).pow(2).mean() + 2 * cross
     x = centred(p) / torch.sqrt(variance + norm.eps) * norm.weight.detach().double()
-    projection = modules.get(projection_path) if projection_path else None
+    projection = embedding_projection(sites)
     return x @ projection.weight.detach().double().T if projection is not None else x
 
 
 def fitted_biases(model: nn.Module, sites: Sites, rows: torch.Tensor, config: T5BiasConfig) -> torch.Tensor:
     """(num_buckets, heads): per head, the mean first-layer position-position logit of each bucket's pairs."""
-    attention = sites.self_attentions()[0]
-    hidden, heads = model.config.hidden_size, model.config.num_attention_heads
-    weights = []
-    for name, chunks in sites.arch.qk_projections:  # GPT-2: fused c_attn, a Conv1D (in, out); BERT: Linear (out, in)
-        module = getattr(attention, name)
-        weight = module.weight.detach().double()
-        weight = weight.T if isinstance(module, nn.Linear) else weight
-        weights += [weight[:, c * hidden : (c + 1) * hidden] for c in chunks]
-    w_q, w_k = weights
+    attention, heads = sites.self_attentions()[0], model.config.num_attention_heads
+    w_q, w_k = (w.double() for w in first_layer_qk(sites))
     x = position_inputs(model, sites, rows)
     length = x.shape[0]
     q, k = ((x @ w).view(length, heads, -1).transpose(0, 1) for w in (w_q, w_k))  # (heads, L, head_dim)

@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from transformers.pytorch_utils import Conv1D
 
-from ..architectures import Sites
+from ..architectures import Sites, embedding_projection, first_layer_qk
 from ..backends import check_bias_backend, resolve_bias_backend, validate_backend
 from ..config import PositionConfig, check_bool, check_choice
 from ..functional import RESAMPLE_MODES
@@ -72,17 +71,11 @@ def apply(model: nn.Module, sites: Sites, config: TupeConfig) -> torch.Tensor:
 
 
 def _first_layer_qk(sites: Sites) -> tuple[torch.Tensor, torch.Tensor]:
-    """W_Q and W_K of the first self-attention as (in, hidden) matrices, seen from the table's width (through
-    ELECTRA's embedding projection)."""
-    attention, hidden = sites.self_attentions()[0], sites.config.hidden_size
-    matrices = []
-    for name, chunks in sites.arch.qk_projections:
-        projection = getattr(attention, name)
-        weight = projection.weight if isinstance(projection, Conv1D) else projection.weight.t()  # Conv1D is (in, out)
-        matrices += [weight[:, c * hidden : (c + 1) * hidden] for c in chunks]
-    w_q, w_k = matrices
-    if sites.arch.embedding_projection:
-        into = getattr(sites.base, sites.arch.embedding_projection).weight.t()  # (table_dim, hidden)
+    """W_Q and W_K of the first self-attention, seen from the table's width (through ELECTRA's projection)."""
+    w_q, w_k = first_layer_qk(sites)
+    projection = embedding_projection(sites)
+    if projection is not None:
+        into = projection.weight.detach().t()  # (table_dim, hidden)
         w_q, w_k = into @ w_q, into @ w_k
     return w_q, w_k
 

@@ -34,8 +34,11 @@ class Architecture:
     conv1d: bool  # GPT-2's projections are Conv1D, weights stored (in, out): peft's fan_in_fan_out
     layer_class: str  # the transformer block, FSDP's unit of wrapping (recipes/accelerate/fsdp.yaml lists them)
     offset: Callable[[object], int] = lambda config: 0  # table rows before the first real position
-    # Linear map from the embeddings to the first layer's width, on the base model (ELECTRA's small embeddings).
+    # Linear map from the embeddings to the first layer's width, on the base model (ELECTRA's small embeddings;
+    # only there when its embedding size differs from the hidden size).
     embedding_projection: str = ""
+    # The LayerNorm a position vector passes before the first layer's q/k projections (path from the base model).
+    first_norm: str = "embeddings.LayerNorm"
 
 
 def _padding_offset(config) -> int:
@@ -56,6 +59,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     "gpt2": Architecture(
         "gpt2", embeddings="", table="wpe", self_attention="h.*.attn", causal=True,
         qk_projections=(("c_attn", (0, 1)),), lora_targets=("c_attn",), conv1d=True, layer_class="GPT2Block",
+        first_norm="h.0.ln_1",
     ),
 }
 
