@@ -32,6 +32,11 @@ class PositionConfig:
         """Raise ``ValueError`` naming the field when a value cannot work; subclasses extend this."""
         check_positive_int("max_length", self.max_length)
 
+    def bytes_per_row(self, sites) -> int:
+        """Bytes per row of the new length that the method builds besides the position-sized buffers and a kept
+        table (``posswap.memory`` checks them before anything is allocated); methods that build more say so."""
+        return 0
+
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.method, **dataclasses.asdict(self)}
 

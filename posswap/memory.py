@@ -11,25 +11,26 @@ from .config import PositionConfig
 
 # Resampling holds the old table in fp32, the resized fp32 image and the result at once.
 RESAMPLE_COPIES = 3
-# The sinusoid is made on first use: float64 angles, sin, cos and table, then float32 copies (scaled, indexed);
-# about 32 bytes a value at the peak.
-SINUSOID_BYTES_PER_VALUE = 32
 # Share of the free memory a patch may take: the model still has to run (and train) afterwards.
 HEADROOM = 0.5
 
 
 def patch_bytes(model: nn.Module, config: PositionConfig) -> int:
-    """About how many bytes patching ``model`` to ``config`` allocates: the position-sized buffers, and a new
-    table for ``interpolate`` or a kept (``absolute="keep"``) one, or the sinusoid that replaces it."""
+    """About how many bytes patching ``model`` to ``config`` allocates: the position-sized buffers, a kept
+    (``absolute="keep"``) table extended by copy, and what the method itself says it builds per row
+    (``config.bytes_per_row``: a resampled table, a sinusoid)."""
     sites = find_sites(model)
     rows = config.max_length + sites.offset
     per_row = sum(b.element_size() for b in (getattr(sites.owner, n, None) for n in POSITION_SIZED_BUFFERS) if b is not None)
+    if getattr(config, "absolute", None) == "keep":
+        per_row += resampled_table_bytes_per_row(sites)
+    return rows * (per_row + config.bytes_per_row(sites))
+
+
+def resampled_table_bytes_per_row(sites) -> int:
+    """Bytes per new row of resizing the learned table (0 when it was dropped)."""
     table = sites.table
-    if (config.method in ("interpolate", "tupe") or getattr(config, "absolute", None) == "keep") and table is not None:
-        per_row += table.embedding_dim * max(table.weight.element_size(), 4) * RESAMPLE_COPIES
-    if config.method == "sinusoidal":
-        per_row += sites.table_dim * SINUSOID_BYTES_PER_VALUE
-    return rows * per_row
+    return 0 if table is None else table.embedding_dim * max(table.weight.element_size(), 4) * RESAMPLE_COPIES
 
 
 def free_bytes(device: torch.device) -> int:

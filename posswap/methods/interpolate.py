@@ -12,6 +12,7 @@ from ..architectures import Sites
 from ..config import PositionConfig, check_choice
 from ..absolute import replace_table_weight
 from ..functional import RESAMPLE_MODES, resample_positions
+from ..memory import resampled_table_bytes_per_row
 from ..registry import register_method
 
 logger = logging.getLogger("posswap")
@@ -29,6 +30,9 @@ class InterpolateConfig(PositionConfig):
     def validate(self) -> None:
         super().validate()
         check_choice("mode", self.mode, RESAMPLE_MODES)
+
+    def bytes_per_row(self, sites: Sites) -> int:
+        return resampled_table_bytes_per_row(sites)  # the table resized to max_length
 
 
 def resized_table_weight(sites: Sites, max_length: int, mode: str) -> torch.Tensor:

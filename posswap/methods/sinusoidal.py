@@ -31,6 +31,11 @@ class SinusoidalConfig(PositionConfig):
         if self.scale != "match":
             check_number("scale", self.scale, above=0)
 
+    def bytes_per_row(self, sites: Sites) -> int:
+        # The sinusoid is made on first use: float64 angles, sin, cos and table, then float32 copies (scaled,
+        # indexed); about 32 bytes a value at the peak.
+        return sites.table_dim * 32
+
 
 def rms(table) -> float:
     return table.double().pow(2).mean().sqrt().item()

@@ -18,6 +18,7 @@ from ..architectures import Sites, embedding_projection, first_layer_qk
 from ..backends import check_bias_backend, resolve_bias_backend, validate_backend
 from ..config import PositionConfig, check_bool, check_choice
 from ..functional import RESAMPLE_MODES
+from ..memory import resampled_table_bytes_per_row
 from ..registry import register_method
 from .interpolate import resized_table_weight
 
@@ -50,6 +51,9 @@ class TupeConfig(PositionConfig):
         check_bool("relative", self.relative)
         check_choice("mode", self.mode, RESAMPLE_MODES)
         validate_backend(self.backend)
+
+    def bytes_per_row(self, sites: Sites) -> int:
+        return resampled_table_bytes_per_row(sites)  # the table resized to max_length
 
 
 def check(model: nn.Module, sites: Sites, config: TupeConfig) -> None:
