@@ -78,6 +78,18 @@ def outputs(model, ids: torch.Tensor) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
 
+def assert_decoding_equals_full_pass(model, ids: torch.Tensor, prefix: int, atol: float = 1e-5, rtol: float = 0.0) -> None:
+    """Logits of ``prefix`` tokens, then one token at a time through the KV cache, equal one full pass."""
+    with torch.no_grad():
+        out = model(input_ids=ids[:, :prefix], use_cache=True)
+        steps = [out.logits]
+        for i in range(prefix, ids.shape[1]):
+            out = model(input_ids=ids[:, i : i + 1], past_key_values=out.past_key_values, use_cache=True)
+            steps.append(out.logits)
+        full = model(input_ids=ids).logits
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=atol, rtol=rtol)
+
+
 def snapshot(model):
     return {k: v.clone() for k, v in model.state_dict().items()}, model.config.to_dict(), dict(model._forward_pre_hooks)
 

@@ -10,7 +10,7 @@ import torch
 
 import posswap
 import posswap.portable.posswap_attention
-from conftest import MODEL_IDS, MODELS, assert_untouched, make_model, outputs, reload_and_compare, snapshot, token_ids
+from conftest import assert_decoding_equals_full_pass, MODEL_IDS, MODELS, assert_untouched, make_model, outputs, reload_and_compare, snapshot, token_ids
 from posswap.architectures import find_sites
 from posswap.functional import alibi_bias, alibi_slopes
 
@@ -109,16 +109,7 @@ def test_kernels_agree(model_type, head):
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])
 def test_gpt2_kv_cache_decoding_equals_full_pass(backend):
     model = patched("gpt2", "GPT2LMHeadModel", backend=backend)
-    ids = token_ids(12, batch=1)
-    with torch.no_grad():
-        out = model(input_ids=ids[:, :5], use_cache=True)
-        steps, cache = [out.logits], out.past_key_values
-        for i in range(5, 12):  # one token at a time
-            out = model(input_ids=ids[:, i : i + 1], past_key_values=cache, use_cache=True)
-            steps.append(out.logits)
-            cache = out.past_key_values
-        full = model(input_ids=ids).logits
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+    assert_decoding_equals_full_pass(model, token_ids(12, batch=1), 5)
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])

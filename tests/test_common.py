@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import posswap
-from conftest import MODEL_IDS, MODELS, OLD_LENGTH, assert_untouched, make_model, outputs, reload_and_compare, sharpen_qk, snapshot, token_ids
+from conftest import assert_decoding_equals_full_pass, MODEL_IDS, MODELS, OLD_LENGTH, assert_untouched, make_model, outputs, reload_and_compare, sharpen_qk, snapshot, token_ids
 from posswap.portable import posswap_runtime
 from posswap.registry import METHODS
 
@@ -75,15 +75,7 @@ def test_a_failure_in_the_run_time_install_is_undone(method, monkeypatch):
 @pytest.mark.parametrize("method", FACTORIES)
 def test_kv_cache_decoding_equals_the_full_pass(method):
     model = patched(method)
-    ids = token_ids(40, batch=1)
-    with torch.no_grad():
-        full = model(input_ids=ids).logits
-        out = model(input_ids=ids[:, :16], use_cache=True)
-        steps = [out.logits]
-        for t in range(16, 40):
-            out = model(input_ids=ids[:, t : t + 1], past_key_values=out.past_key_values, use_cache=True)
-            steps.append(out.logits)
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-4, rtol=1e-4)
+    assert_decoding_equals_full_pass(model, token_ids(40, batch=1), 16, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("method", FACTORIES)

@@ -9,7 +9,7 @@ import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import posswap
-from conftest import MODEL_IDS, MODELS, OLD_LENGTH, assert_untouched, make_model, outputs, reload_and_compare, snapshot, token_ids
+from conftest import assert_decoding_equals_full_pass, MODEL_IDS, MODELS, OLD_LENGTH, assert_untouched, make_model, outputs, reload_and_compare, snapshot, token_ids
 from posswap.functional import apply_rotary, rope_frequencies, rotary_cos_sin
 
 NEW_LENGTH = 4 * OLD_LENGTH
@@ -77,14 +77,7 @@ def test_scaled_model_runs_and_round_trips(scaling, tmp_path):
 @pytest.mark.parametrize("absolute", ["drop", "keep"])
 def test_kv_cache_decoding_equals_full_pass(absolute):
     model = posswap.patch(make_model("gpt2", "GPT2LMHeadModel"), posswap.RopeConfig(max_length=NEW_LENGTH, absolute=absolute))
-    ids = token_ids(40, batch=1)
-    full = model(input_ids=ids).logits
-    out = model(input_ids=ids[:, :16], use_cache=True)
-    steps = [out.logits]
-    for t in range(16, 40):
-        out = model(input_ids=ids[:, t : t + 1], past_key_values=out.past_key_values, use_cache=True)
-        steps.append(out.logits)
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    assert_decoding_equals_full_pass(model, token_ids(40, batch=1), 16, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("model_type,head", [("gpt2", "GPT2LMHeadModel"), ("bert", "BertForMaskedLM")])

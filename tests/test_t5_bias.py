@@ -12,7 +12,7 @@ import torch
 from transformers.models.t5.modeling_t5 import T5Attention
 
 import posswap
-from conftest import assert_untouched, make_model, outputs, reload_and_compare, sharpen_qk, snapshot, token_ids
+from conftest import assert_decoding_equals_full_pass, assert_untouched, make_model, outputs, reload_and_compare, sharpen_qk, snapshot, token_ids
 from posswap.architectures import find_sites
 from posswap.portable.posswap_attention import BIAS_IMPLEMENTATIONS
 from posswap.portable.posswap_runtime import NoPositions
@@ -205,16 +205,7 @@ def test_kernels_agree(model_type, head):
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])
 def test_gpt2_kv_cache_decoding_equals_full_pass(backend):
     model = fill_tables(patched(*GPT2, backend=backend))
-    ids = token_ids(40, batch=1)  # past max_distance's log buckets
-    with torch.no_grad():
-        out = model(input_ids=ids[:, :5], use_cache=True)
-        steps, cache = [out.logits], out.past_key_values
-        for i in range(5, 40):
-            out = model(input_ids=ids[:, i : i + 1], past_key_values=cache, use_cache=True)
-            steps.append(out.logits)
-            cache = out.past_key_values
-        full = model(input_ids=ids).logits
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+    assert_decoding_equals_full_pass(model, token_ids(40, batch=1), 5)  # past max_distance's log buckets
 
 
 @pytest.mark.parametrize("per_layer,absolute", [(False, "drop"), (True, "keep")])

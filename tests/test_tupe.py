@@ -11,7 +11,7 @@ import transformers
 from transformers.models.t5.modeling_t5 import T5Attention
 
 import posswap
-from conftest import assert_untouched, make_model, outputs, reload_and_compare, sharpen_qk, snapshot, token_ids
+from conftest import assert_decoding_equals_full_pass, assert_untouched, make_model, outputs, reload_and_compare, sharpen_qk, snapshot, token_ids
 from posswap.training.trainable import position_parameter_names
 
 NEW_LENGTH = 64
@@ -122,16 +122,7 @@ def test_tupe_bert_is_not_permutation_equivariant():
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])
 def test_gpt2_kv_cache_decoding_equals_full_pass(backend):
     model = scramble(patched("gpt2", "GPT2LMHeadModel", backend=backend, relative=True, cls_reset=True))
-    ids = token_ids(12, batch=1)
-    with torch.no_grad():
-        out = model(input_ids=ids[:, :5], use_cache=True)
-        steps, cache = [out.logits], out.past_key_values
-        for i in range(5, 12):
-            out = model(input_ids=ids[:, i : i + 1], past_key_values=cache, use_cache=True)
-            steps.append(out.logits)
-            cache = out.past_key_values
-        full = model(input_ids=ids).logits
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+    assert_decoding_equals_full_pass(model, token_ids(12, batch=1), 5)
 
 
 def test_gpt2_left_padding_with_positions_from_the_mask_equals_rows_alone():
