@@ -90,6 +90,24 @@ def assert_decoding_equals_full_pass(model, ids: torch.Tensor, prefix: int, atol
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=atol, rtol=rtol)
 
 
+def assert_kernels_agree(model_type: str, build) -> None:
+    """``build(backend)`` patched with eager, sdpa and flex gives the same outputs on a padded batch (left padding
+    for GPT-2, right for encoders), compared on the real tokens."""
+    ids = token_ids(48)
+    mask = torch.ones_like(ids)
+    if model_type == "gpt2":
+        mask[1, :9] = 0
+    else:
+        mask[1, -9:] = 0
+    results = {}
+    for backend in ("eager", "sdpa", "flex"):
+        with torch.no_grad():
+            out = build(backend)(input_ids=ids, attention_mask=mask)
+        results[backend] = (out.logits if hasattr(out, "logits") else out.last_hidden_state)[mask.bool()]
+    torch.testing.assert_close(results["sdpa"], results["eager"], atol=1e-4, rtol=0)
+    torch.testing.assert_close(results["flex"], results["eager"], atol=1e-4, rtol=0)
+
+
 def snapshot(model):
     return {k: v.clone() for k, v in model.state_dict().items()}, model.config.to_dict(), dict(model._forward_pre_hooks)
 

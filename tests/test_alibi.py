@@ -10,7 +10,7 @@ import torch
 
 import posswap
 import posswap.portable.posswap_attention
-from conftest import assert_decoding_equals_full_pass, MODEL_IDS, MODELS, assert_untouched, make_model, outputs, reload_and_compare, snapshot, token_ids
+from conftest import assert_kernels_agree, assert_decoding_equals_full_pass, MODEL_IDS, MODELS, assert_untouched, make_model, outputs, reload_and_compare, snapshot, token_ids
 from posswap.architectures import find_sites
 from posswap.functional import alibi_bias, alibi_slopes
 
@@ -89,21 +89,12 @@ def test_shifting_position_ids_changes_nothing(model_type, head):
 
 @pytest.mark.parametrize("model_type,head", [("gpt2", "GPT2LMHeadModel"), ("bert", "BertModel")])
 def test_kernels_agree(model_type, head):
-    ids = token_ids(48)
-    mask = torch.ones_like(ids)
-    if model_type == "gpt2":
-        mask[1, :9] = 0  # left padding
-    else:
-        mask[1, -9:] = 0  # right padding
-    results = {}
-    for backend in ("eager", "sdpa", "flex"):
+    def build(backend):
         model = patched(model_type, head, backend=backend)
         assert model.config._attn_implementation == posswap.portable.posswap_attention.BIAS_IMPLEMENTATIONS[backend]
-        with torch.no_grad():
-            out = model(input_ids=ids, attention_mask=mask)
-        results[backend] = (out.logits if hasattr(out, "logits") else out.last_hidden_state)[mask.bool()]
-    torch.testing.assert_close(results["sdpa"], results["eager"], atol=1e-4, rtol=0)
-    torch.testing.assert_close(results["flex"], results["eager"], atol=1e-4, rtol=0)
+        return model
+
+    assert_kernels_agree(model_type, build)
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])

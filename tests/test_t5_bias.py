@@ -12,7 +12,7 @@ import torch
 from transformers.models.t5.modeling_t5 import T5Attention
 
 import posswap
-from conftest import assert_decoding_equals_full_pass, assert_untouched, make_model, outputs, reload_and_compare, sharpen_qk, snapshot, token_ids
+from conftest import assert_kernels_agree, assert_decoding_equals_full_pass, assert_untouched, make_model, outputs, reload_and_compare, sharpen_qk, snapshot, token_ids
 from posswap.architectures import find_sites
 from posswap.portable.posswap_attention import BIAS_IMPLEMENTATIONS
 from posswap.portable.posswap_runtime import NoPositions
@@ -185,21 +185,12 @@ def test_fit_brings_the_first_layer_closer_to_the_original(model_type, head):
 
 @pytest.mark.parametrize("model_type,head", [GPT2, BERT])
 def test_kernels_agree(model_type, head):
-    ids = token_ids(48)
-    mask = torch.ones_like(ids)
-    if model_type == "gpt2":
-        mask[1, :9] = 0  # left padding
-    else:
-        mask[1, -9:] = 0  # right padding
-    results = {}
-    for backend in ("eager", "sdpa", "flex"):
+    def build(backend):
         model = fill_tables(patched(model_type, head, backend=backend, per_layer=True))
         assert model.config._attn_implementation == BIAS_IMPLEMENTATIONS[backend]
-        with torch.no_grad():
-            out = model(input_ids=ids, attention_mask=mask)
-        results[backend] = (out.logits if hasattr(out, "logits") else out.last_hidden_state)[mask.bool()]
-    torch.testing.assert_close(results["sdpa"], results["eager"], atol=1e-4, rtol=0)
-    torch.testing.assert_close(results["flex"], results["eager"], atol=1e-4, rtol=0)
+        return model
+
+    assert_kernels_agree(model_type, build)
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])

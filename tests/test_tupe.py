@@ -11,7 +11,7 @@ import transformers
 from transformers.models.t5.modeling_t5 import T5Attention
 
 import posswap
-from conftest import assert_decoding_equals_full_pass, assert_untouched, make_model, outputs, reload_and_compare, sharpen_qk, snapshot, token_ids
+from conftest import assert_kernels_agree, assert_decoding_equals_full_pass, assert_untouched, make_model, outputs, reload_and_compare, sharpen_qk, snapshot, token_ids
 from posswap.training.trainable import position_parameter_names
 
 NEW_LENGTH = 64
@@ -83,18 +83,7 @@ def fresh_compiler():
 @pytest.mark.parametrize("relative", [False, True])
 @pytest.mark.parametrize("model_type,head", [("gpt2", "GPT2LMHeadModel"), ("roberta", "RobertaModel")])
 def test_kernels_agree(model_type, head, relative, fresh_compiler):
-    ids = token_ids(48)
-    mask = torch.ones_like(ids)
-    mask[1, :9] = 0 if model_type == "gpt2" else 1  # left padding for GPT-2
-    mask[1, -9:] = 1 if model_type == "gpt2" else 0  # right padding for encoders
-    results = {}
-    for backend in ("eager", "sdpa", "flex"):
-        model = scramble(patched(model_type, head, backend=backend, relative=relative))
-        with torch.no_grad():
-            out = model(input_ids=ids, attention_mask=mask)
-        results[backend] = (out.logits if hasattr(out, "logits") else out.last_hidden_state)[mask.bool()]
-    torch.testing.assert_close(results["sdpa"], results["eager"], atol=1e-4, rtol=0)
-    torch.testing.assert_close(results["flex"], results["eager"], atol=1e-4, rtol=0)
+    assert_kernels_agree(model_type, lambda backend: scramble(patched(model_type, head, backend=backend, relative=relative)))
 
 
 def test_gpt2_tupe_r_is_absolute_but_its_relative_part_is_shift_invariant():
