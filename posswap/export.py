@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import chain
@@ -29,6 +27,7 @@ from torch import nn
 
 from .methods.rope import RopeConfig
 from .portable.posswap_rotary import resolve_rotary_dim
+from .files import check_folder_target, write_folder
 from .hub import check_hub_target, upload_folder
 from .patching import CONFIG_KEY, patched_config
 
@@ -72,9 +71,7 @@ def export(
     The tokenizer of a source folder (or ``tokenizer``) is saved along. ``push`` uploads the result to that Hub
     repo. Raises ``ValueError`` with a one-line reason when no exact native architecture exists.
     """
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"{out} exists and is not empty: posswap export writes only to a new or empty folder.")
+    out = check_folder_target(out)  # a new or empty folder only, refused before any work
     if push is not None:
         token = check_hub_target(push, token)  # before any work
     if isinstance(model_or_dir, (str, os.PathLike)):
@@ -287,25 +284,24 @@ def build_native(target: Target, dtype: torch.dtype) -> nn.Module:
 
 
 def _write_checked(model: nn.Module, target: Target, tokenizer: Any, out: Path) -> float:
-    """Save into a folder beside ``out``, load it back with plain transformers, compare, then move it into place."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    """Save into a folder beside ``out``, load it back with plain transformers, compare, then move it into place
+    (``files.write_folder``: nothing appears at ``out`` unless the check passes)."""
+    differences = []
+
+    def write(staging: Path) -> None:
         build_native(target, next(model.parameters()).dtype).save_pretrained(staging)
         _add_config_keys(staging / "config.json", target.extra_config)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
-        difference = max_logit_difference(model, staging, target)
-        if not difference <= TOLERANCE:  # also catches NaN
+        differences.append(max_logit_difference(model, staging, target))
+        if not differences[0] <= TOLERANCE:  # also catches NaN
             raise ValueError(
-                f"The {target.architecture} export differs from the posswap model by {difference:.2e} "
+                f"The {target.architecture} export differs from the posswap model by {differences[0]:.2e} "
                 f"(limit {TOLERANCE:.0e}), so nothing was written; {REMOTE}."
             )
-        os.replace(staging, out)  # onto a missing or empty folder: atomic
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
-    return difference
+
+    write_folder(out, write)
+    return differences[0]
 
 
 def _add_config_keys(path: Path, keys: dict[str, Any]) -> None:
@@ -331,7 +327,7 @@ def max_logit_difference(model: nn.Module, folder: Path, target: Target) -> floa
 @contextmanager
 def _reference_mode(model: nn.Module):
     """Run ``model`` in eval mode and float64, then give back its mode and every tensor's own dtype (casting
-    there and back is lossless). In place, not on a deepcopy: posswap's rotary hooks do not survive a deepcopy."""
+    there and back is lossless). In place rather than on a deepcopy: no second copy of the weights."""
     tensors = lambda: chain(model.named_parameters(), model.named_buffers())  # noqa: E731
     dtypes, training = {name: t.dtype for name, t in tensors()}, model.training
     model.eval().to(torch.float64)

@@ -82,13 +82,11 @@ def apply(model: nn.Module, sites: Sites, config: T5BiasConfig) -> torch.Tensor 
 
 def initialize(model: nn.Module, sites: Sites, config: T5BiasConfig, rows: torch.Tensor | None) -> None:
     """Starting values of the bucket tables the run time created (empty, as in a model being loaded)."""
-    reference = next(p for p in model.parameters() if p.is_floating_point())
     values = torch.zeros(config.num_buckets, model.config.num_attention_heads)
     if rows is not None:
         values = fitted_biases(model, sites, rows, config)
     with torch.no_grad():
         for provider in sites.base.posswap_bias_providers:
-            provider.to(device=reference.device, dtype=reference.dtype)
             provider.relative_attention_bias.weight.copy_(values)  # every layer starts the same, shared or not
 
 

@@ -236,8 +236,10 @@ class ClearBiasCache:
 def install_bias(model: nn.Module, base: nn.Module, attentions: list, providers: list[BiasProvider], backend: str) -> None:
     """Give each self-attention module its provider (one shared by all, or one per layer) and switch the model to
     the bias kernel. The providers are registered once, on the base model; each attention module refers to its
-    own without registering it again (no duplicate parameters in the state dict)."""
-    base.posswap_bias_providers = nn.ModuleList(providers)
+    own without registering it again (no duplicate parameters in the state dict). Their parameters take the
+    device and dtype of the attention weights (the meta device while a saved model is being built)."""
+    reference = next(attentions[0].parameters())
+    base.posswap_bias_providers = nn.ModuleList(providers).to(device=reference.device, dtype=reference.dtype)
     for i, attention in enumerate(attentions):
         object.__setattr__(attention, "posswap_bias", providers[i % len(providers)])
     remove_hooks(base, ClearBiasCache)

@@ -67,8 +67,6 @@ def _install_tupe(model: nn.Module, sites: Sites, block: dict) -> None:
     relative = T5Buckets(heads, 32, 128, bidirectional=not sites.arch.causal) if block.get("relative") else None
     table_dim = sites.table_dim  # NoPositions keeps the dropped table's width
     provider = TupeBias(heads, table_dim, config.hidden_size, block["max_length"], sites.offset, block["cls_reset"], relative)
-    reference = sites.self_attentions()[0].parameters().__next__()  # meta while a saved model is built
-    provider.to(device=reference.device, dtype=reference.dtype)
     install_bias(model, sites.base, sites.self_attentions(), [provider], block.get("backend") or "sdpa")
 
 
