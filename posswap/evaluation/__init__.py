@@ -1,7 +1,8 @@
 """The evaluation harness: causal-LM perplexity, masked-LM loss / accuracy, per-position loss and passkey
-retrieval at each context length, position-similarity maps, and plots."""
+retrieval at each context length, the repeated-text-at-a-distance probe, position-similarity maps, and plots."""
 
 from .harness import evaluate
+from .repeat import repeat_probe
 from .results import ModelResults, Results
 
-__all__ = ["ModelResults", "Results", "evaluate"]
+__all__ = ["ModelResults", "Results", "evaluate", "repeat_probe"]

@@ -134,3 +134,22 @@ def write_plots(results: Results, out: Path, models: dict | None = None) -> list
         if getattr(model.config, "model_type", None) in ARCHITECTURES:  # a table to find, a head size to read
             written.append(plot_similarity(model, name, out / f"similarity_{slug(name)}.png"))
     return [path for path in written if path is not None]
+
+
+def plot_repeat(probes: dict[str, dict], original_length: int, path: Path) -> Path:
+    """The repeat probe (:func:`posswap.evaluation.repeat.repeat_probe`) of each model: the loss drop on the
+    repeated span, with its standard error, against the filler length as a multiple of ``original_length``
+    (the window the models were trained with); past 1x only a model that reads beyond it can copy."""
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for name, probe in probes.items():
+        x = [d / original_length for d in probe["distances"]]
+        error = [0.0 if se is None else se for se in probe["drop_se"]]
+        axes.errorbar(x, probe["drop"], yerr=error, marker="o", capsize=3, label=f"{name} ({probe['kind']})")
+    axes.axvline(1.0, color="grey", linestyle="--", linewidth=1, label="original window")
+    axes.axhline(0.0, color="black", linewidth=0.5)
+    axes.set_xlabel(f"filler d between the two occurrences (multiples of {original_length} tokens)")
+    axes.set_ylabel("loss drop on the repeated span (nats)")
+    title = "Repeated text at a distance: loss on the first occurrence minus loss on the repeat"
+    axes.set_title(f"{title}\n(masked LMs: copy hidden minus copy visible)", fontsize=9)
+    axes.legend(fontsize=8)
+    return save_figure(figure, Path(path))
