@@ -156,11 +156,15 @@ def _cmd_study(args: argparse.Namespace) -> None:
 
     from .study import Study, select
 
-    specs = select(args.preset, args.base, args.variants.split(",") if args.variants else None, args.steps, args.lr, not args.no_baseline)  # checked first
+    from .evaluation.stream import resolve_device
+
+    variants = args.variants.split(",") if args.variants else None
+    specs = select(args.preset, args.base, variants, args.steps, args.lr, not args.no_baseline, args.budget)  # checked first
+    device = str(resolve_device(args.device)) if args.device is not None else None
     work = Path(args.work or f"out/study-{args.preset}")
     out = Path(args.out or ("results" if args.preset == "full" else work / "results"))
     command = "posswap " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["study"] else "posswap study"
-    print(Study(specs, work, out, args.reference).run(command, report_only=args.report_only))
+    print(Study(specs, work, out, args.reference, device).run(command, report_only=args.report_only))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -206,16 +210,18 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(run=_cmd_train)
 
     s = commands.add_parser("study", help="The extension study: each method on each base, untrained and after an equal budget.")
-    s.add_argument("--preset", choices=("full", "mini"), default="full", help="full: both bases, six methods (results/); mini: one method on MiniLM, a few steps (<= 10 min on 2 CPU cores).")
+    s.add_argument("--preset", choices=("full", "mini"), default="full", help="full: both bases, every method (results/); mini: the repeat probe on MiniLM before and after a short ALiBi training (<= 10 min on 2 CPU cores).")
+    s.add_argument("--budget", choices=("quick", "long"), default="quick", help="Phase of the full study: quick (every variant, a small budget) or long (the quick phase's best four and the original, longer; run quick first).")
+    s.add_argument("--device", default=None, help="Where training and scoring run: cpu, cuda, cuda:N (default: cuda if available, else cpu).")
     s.add_argument("--base", action="append", choices=("gpt2", "minilm"), help="Only this base (repeatable; default: the preset's).")
-    s.add_argument("--variants", default=None, help="Comma-separated subset of copy,linear,cubic,rope,rope-yarn,alibi (the default six), or sinusoidal,nope.")
+    s.add_argument("--variants", default=None, help="Comma-separated subset of copy,linear,cubic,rope,rope-yarn,alibi,sinusoidal,nope,t5-bias,t5-bias-fit,tupe (default: all; the long phase: the quick phase's best four).")
     s.add_argument("--steps", type=int, default=None, help="Training steps per variant (default: the preset's budget).")
     s.add_argument("--lr", type=float, default=None, help="Peak learning rate of the variants and the baseline (default: the preset's).")
     s.add_argument("--no-baseline", action="store_true", help="Skip training the original the same steps at its own length.")
     s.add_argument("--reference", default=None, help="Folder of the reference GPT-2 (default: out/reference-gpt2/model, pretrained if missing).")
     s.add_argument("--work", default=None, help="Folder for the trained runs (default out/study-PRESET); finished runs are reused.")
     s.add_argument("--out", default=None, help="Folder for the results (default results/ for full, WORK/results for mini).")
-    s.add_argument("--report-only", action="store_true", help="Rebuild summary.md and crossover.png from the saved results; train and score nothing.")
+    s.add_argument("--report-only", action="store_true", help="Rebuild summary.md and the plots from the saved results; train and score nothing.")
     s.set_defaults(run=_cmd_study)
 
     h = commands.add_parser("push", help="Upload a saved patched model to the Hub with a posswap model card.")

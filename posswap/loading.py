@@ -3,7 +3,9 @@ Auto-class registration that lets transformers load posswap-<type> folders where
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -91,13 +93,36 @@ def from_pretrained(name_or_path: str, model_class: type[PreTrainedModel] | None
     if runtime and not isinstance(config, PosswapConfigMixin):  # saved before model_type posswap-<type>
         config.__class__ = CONFIG_CLASSES[config.model_type]
     cls = _model_class(config, model_class, runtime)
-    model, info = cls.from_pretrained(name_or_path, config=config, output_loading_info=True, **kwargs)
+    if _adds_head(config, model_class):
+        # transformers reports the new head as MISSING keys and a "corrupted checkpoint": say it plainly instead.
+        print(f"posswap: {name_or_path} was saved without this head ({', '.join(config.architectures)}); "
+              f"{model_class.__name__} initialises a new one: train it before reading its scores.", file=sys.stderr)
+        with _transformers_quiet():
+            model, info = cls.from_pretrained(name_or_path, config=config, output_loading_info=True, **kwargs)
+    else:
+        model, info = cls.from_pretrained(name_or_path, config=config, output_loading_info=True, **kwargs)
     _check_own_keys(info, name_or_path)
     position_config = patched_config(model)
     if position_config is not None and not runtime:
         # interpolate: the config already holds the new length, so this only re-installs the length guard.
         patch(model, position_config)
     return model
+
+
+def _adds_head(config, model_class: type | None) -> bool:
+    """A base encoder (saved as e.g. ``BertModel``, as all-MiniLM-L6-v2 is) loaded with a head class."""
+    saved = getattr(config, "architectures", None) or []
+    return model_class is not None and bool(saved) and all(name.endswith("Model") for name in saved) and model_class.__name__ != "AutoModel"
+
+
+@contextlib.contextmanager
+def _transformers_quiet():
+    previous = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers.logging.set_verbosity(previous)
 
 
 def _check_own_keys(info: dict, where: str) -> None:

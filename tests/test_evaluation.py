@@ -66,6 +66,24 @@ def test_heldout_split_is_never_in_a_training_split():
     assert len(heldout[0]["text"]) > 100_000  # a whole novel
 
 
+def test_technical_heldout_is_a_second_unseen_domain():
+    technical = load_text_dataset("posswap:technical-heldout")
+    assert technical["name"] == ["python-docs"]
+    for split in ("train", "austen-train", "austen-heldout"):
+        assert "python-docs" not in SPLITS[split]
+    assert "def " in technical[0]["text"] and ":func:`" not in technical[0]["text"] and ".. index::" not in technical[0]["text"]  # markup stripped
+
+
+def test_standard_error_is_over_windows(tiny_gpt2, gpt2_tokenizer):
+    """loss_se: the spread of the per-window mean losses / sqrt(windows), each window one forward pass."""
+    results = posswap.evaluate({"tiny": tiny_gpt2}, gpt2_tokenizer, [16, 64], TEXTS, max_tokens=64, progress=False)
+    ids = token_stream(TEXTS, gpt2_tokenizer, 64)
+    with torch.no_grad():
+        means = torch.tensor([tiny_gpt2(input_ids=w[None], labels=w[None]).loss.item() for w in ids.split(16)], dtype=torch.float64)
+    assert results.models["tiny"].metrics["loss_se"][0] == pytest.approx((means.std() / 2).item(), rel=1e-4)
+    assert results.models["tiny"].metrics["loss_se"][1] is None  # one window: no error to give
+
+
 def test_local_files_and_bad_specs(tmp_path):
     (tmp_path / "a.txt").write_text("line one\nline two\n")
     assert load_text_dataset(str(tmp_path / "a.txt"))["text"] == ["line one\nline two\n"]  # one document

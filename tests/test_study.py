@@ -13,20 +13,34 @@ from posswap.cli import main
 from posswap.config import config_from_dict
 from posswap.evaluation import ModelResults, Results
 from posswap.study import Study, select
-from posswap.study.plan import FULL, VARIANTS, BaseSpec, Budget, variant_patch
+from posswap.study.plan import FULL, VARIANTS, BaseSpec, Budget, Probe, variant_patch
+from posswap.study.scoring import set_name
 from posswap.study.report import base_summary, crossover_step
 
 
-def test_variants_reach_4x_and_rope_alibi_are_patched_to_8x():
+def test_variants_reach_4x_and_methods_without_a_table_are_patched_to_8x():
+    tables = {"interpolate", "tupe"}  # a learned table, made for 4x
     for name in VARIANTS:
         patch = variant_patch(name, 256)
         config_from_dict(patch)  # every variant is a valid posswap config
-        assert patch["max_length"] == (2048 if patch["method"] in ("rope", "alibi") else 1024)
-    for name in ("sinusoidal", "nope"):  # optional variants, patched to 8x as well
-        assert config_from_dict(variant_patch(name, 256)).max_length == 2048
+        assert patch["max_length"] == (1024 if patch["method"] in tables else 2048), name
+    assert set(VARIANTS) >= {"sinusoidal", "nope", "t5-bias", "t5-bias-fit", "tupe"}
+    assert variant_patch("t5-bias-fit", 256)["init"] == "fit"
     assert variant_patch("rope-yarn", 256)["factor"] == 4.0  # frequencies made for 4x, the guard allows 8x
     with pytest.raises(ValueError, match="Unknown study variant 'rope-ntk'"):
         variant_patch("rope-ntk", 256)
+
+
+def test_phases_differ_in_budget_and_probe():
+    quick, long = select("full", ["gpt2"])[0], select("full", ["gpt2"], phase="long")[0]
+    assert (quick.phase, long.phase) == ("quick", "long")
+    assert (quick.budget.steps, quick.budget.lr) == (150, 3e-4) and (long.budget.steps, long.budget.lr) == (800, 5e-5)
+    assert quick.probe.distances(256) == [64, 128, 192, 384, 768, 1280, 1792]  # 0.25x to 7x
+    assert len(select("full", ["minilm"], phase="long")[0].probe.multiples) > len(select("full", ["minilm"])[0].probe.multiples)
+    with pytest.raises(ValueError, match="--budget"):
+        select("mini", phase="long")
+    with pytest.raises(ValueError, match="--budget"):
+        select("full", phase="longer")
 
 
 def test_select_narrows_and_refuses_bad_requests():
@@ -49,22 +63,22 @@ def test_cli_refuses_a_bad_plan_before_training(tmp_path, capsys):
     assert not (tmp_path / "w").exists()
 
 
-def _results(values: dict[str, list[float]]) -> Results:
-    models = {name: ModelResults(kind="causal", limit=32, metrics={"ppl": v, "loss": v}) for name, v in values.items()}
-    return Results(lengths=[32, 64, 128, 256], data="x", models=models)
+def _results(values: dict[str, list[float]], lengths=(32, 64, 128, 256)) -> Results:
+    models = {name: ModelResults(kind="causal", limit=32, metrics={"ppl": v, "loss": v, "loss_se": [0.01] * len(v)}) for name, v in values.items()}
+    return Results(lengths=list(lengths), data="x", models=models)
 
 
-def test_summary_shows_before_after_and_the_crossover_step():
-    spec = BaseSpec(name="gpt2", length=32, eval_tokens=256, budget=Budget(steps=4, batch_size=1, lr=1e-3, warmup_steps=0, eval_every=2))
-    step0 = _results({"original": [5.0] * 4, "copy": [5.0, 6.0, 7.0, 8.0]})
+def test_summary_shows_step0_trained_errors_and_the_crossover_step():
+    spec = BaseSpec(name="gpt2", length=32, eval_tokens=256, heldout=("x",), budget=Budget(steps=4, batch_size=1, lr=1e-3, warmup_steps=0, eval_every=2))
+    step0 = _results({"original": [5.0, 7.0], "copy": [5.0, 7.0]}, lengths=(32, 128))
     after = _results({"original": [5.0] * 4, "copy": [4.5, 4.6, 4.7, 5.5], "original trained": [4.9] * 4})
-    after.models["original"] = step0.models["original"]
-    curves = {"metric": "loss", "length": 128, "original_at_1x": 5.0, "step0_at_4x": {"copy": 7.0},
+    curves = {"metric": "loss", "length": 128, "steps": 4, "original_at_1x": 5.0,
               "curves": {"copy": [(2, 5.2), (4, 4.7)], "original trained": [(2, 4.95), (4, 4.9)]}}
-    text = base_summary(spec, step0, after, curves, causal=True)
-    assert "| copy | 5.000 → 4.500 | 6.000 → 4.600 | 7.000 → 4.700 | 8.000 → 5.500 |" in text
-    assert "| original | 5.000 | 5.000 | 5.000 | 5.000 |" in text  # the same result before and after: one value
-    assert "| copy | 7.0000 | 5.2000 | 4.7000 | 4 | 4 |" in text  # below the original at step 4; below the trained one at 4
+    text = base_summary(spec, {"x": step0}, {"x": after}, curves, None, causal=True)
+    # step 0 at 1x and 4x, then after training at every length; ppl ± ppl x se(loss)
+    assert "| copy | 5.00 ± 0.05 | 7.00 ± 0.07 | 4.50 ± 0.04 | 4.60 ± 0.05 | 4.70 ± 0.05 | 5.50 ± 0.06 |" in text
+    assert "| original | (same) | (same) | 5.00 ± 0.05 |" in text
+    assert "| copy | 7.000 | 5.2000 | 4.7000 | 4 | 4 |" in text  # below the original at step 4; below the trained one at 4
     assert crossover_step([(2, 5.2), (4, 4.7)], 5.0) == 4
     assert crossover_step([(2, 5.2)], 5.0) is None
 
@@ -72,34 +86,40 @@ def test_summary_shows_before_after_and_the_crossover_step():
 def test_tiny_study_writes_results_and_reuses_finished_runs(bases, tmp_path, capsys):
     text = str(bases / "text.txt")
     spec = BaseSpec(
-        name="gpt2", length=32, eval_tokens=256, variants=("copy", "rope"), train_data=text, heldout_data=text,
-        budget=Budget(steps=2, batch_size=1, lr=1e-3, warmup_steps=0, eval_every=1),
+        name="gpt2", length=32, eval_tokens=256, variants=("copy", "t5-bias"), train_data=text, heldout=(text, text), multiples=(1, 4, 8),
+        budget=Budget(steps=2, batch_size=1, lr=1e-3, warmup_steps=0, eval_every=1), probe=Probe(span=8, multiples=(0.5, 2), spans=3),
     )
     study = Study((spec,), tmp_path / "work", tmp_path / "results", reference=bases / "gpt2")
     summary = study.run("posswap study (test)")
-    out = tmp_path / "results" / "gpt2"
-    step0 = Results.load(out / "step0" / "results.json")
-    after = Results.load(out / "trained" / "results.json")
-    assert step0.lengths == after.lengths == [32, 64, 128, 256]
-    assert set(step0.models) == {"original", "original (sliding)", "copy", "rope"}
+    out = tmp_path / "results" / "gpt2" / "quick"
+    name = set_name(text)
+    step0 = Results.load(out / "step0" / f"{name}.json")
+    after = Results.load(out / "trained" / f"{name}.json")
+    assert step0.lengths == [32, 128] and after.lengths == [32, 128, 256]
+    assert set(step0.models) == {"original", "original (sliding)", "copy", "t5-bias"}
     assert set(after.models) == set(step0.models) | {"original trained"}
     # Untrained copy reads 1x exactly as the original; the originals are scored once and carried over.
     assert step0.models["copy"].metrics["loss"][0] == pytest.approx(step0.models["original"].metrics["loss"][0], abs=1e-5)
-    assert after.models["original"] == step0.models["original"]
-    assert after.models["copy"].limit == 128 and after.models["rope"].limit == 256
+    assert after.models["original"].metrics["loss"][1] == step0.models["original"].metrics["loss"][1]
+    assert after.models["copy"].limit == 128 and after.models["t5-bias"].limit == 256
+    assert all(v is not None and v > 0 for v in after.models["copy"].metrics["loss_se"][:2])  # several windows: an error
     curves = json.loads((out / "curves.json").read_text())
     assert [step for step, _ in curves["curves"]["copy"]] == [1, 2]
-    assert curves["step0_at_4x"]["rope"] == step0.models["rope"].metrics["loss"][2]
-    for name in ("summary.md", "crossover.png", "step0/ppl_vs_length.png", "trained/per_position_loss.png"):
-        assert (out / name).exists(), name
+    probe = json.loads((out / "probe.json").read_text())
+    assert set(probe["models"]) == {"original", "copy", "t5-bias", "original trained"}
+    assert probe["models"]["t5-bias"]["distances"] == [16, 64] and probe["models"]["t5-bias"]["n"] == [3, 3]
+    for file in ("summary.md", "crossover.png", "probe.png", "position_maps.png", "attention_by_distance.png",
+                 "t5_buckets_t5-bias.png", f"trained/{name}/ppl_vs_length.png"):
+        assert (out / file).exists(), file
     assert "| copy |" in summary and (out / "summary.md").read_text().strip() in summary
+    assert "Repeat probe" in summary
     assert Study((spec,), tmp_path / "elsewhere", tmp_path / "results").run("x", report_only=True) == summary.split("\n\nWall time")[0]
-    with pytest.raises(ValueError, match="No finished study of gpt2"):
+    with pytest.raises(ValueError, match="No finished quick study of gpt2"):
         Study((spec,), tmp_path / "work", tmp_path / "no-results").run("x", report_only=True)
-    record = json.loads((tmp_path / "results" / "study.json").read_text())
+    record = json.loads((tmp_path / "results" / "study-quick.json").read_text())
     assert record["command"] == "posswap study (test)" and "gpt2/train copy" in record["timings_s"]
 
-    weights = tmp_path / "work" / "gpt2" / "copy" / "model" / "model.safetensors"
+    weights = tmp_path / "work" / "gpt2" / "quick" / "copy" / "model" / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
     capsys.readouterr()
     Study((spec,), tmp_path / "work", tmp_path / "results", reference=bases / "gpt2").run("again")
@@ -107,11 +127,13 @@ def test_tiny_study_writes_results_and_reuses_finished_runs(bases, tmp_path, cap
     assert weights.stat().st_mtime_ns == stamp
     assert json.loads((out / "curves.json").read_text())["curves"] == curves["curves"]
 
-    # A different budget is a different recipe: trained again, not mixed up with the old run.
-    longer = replace(spec, variants=("copy",), baseline=False, budget=replace(spec.budget, steps=3))
-    Study((longer,), tmp_path / "work", tmp_path / "results", reference=bases / "gpt2").run("longer")
-    assert weights.stat().st_mtime_ns != stamp
-    assert [s for s, _ in json.loads((out / "curves.json").read_text())["curves"]["copy"]] == [1, 2, 3]
+    # The long phase trains the quick table's best variants (by loss at 4x), longer.
+    long = replace(spec, phase="long", budget=replace(spec.budget, steps=3), baseline=False)
+    Study((long,), tmp_path / "work", tmp_path / "results", reference=bases / "gpt2").run("long")
+    trained_long = Results.load(tmp_path / "results" / "gpt2" / "long" / "trained" / f"{name}.json")
+    assert set(trained_long.models) == {"original", "original (sliding)", "copy", "t5-bias"}  # both: fewer than four
+    assert [s for s, _ in json.loads((tmp_path / "results" / "gpt2" / "long" / "curves.json").read_text())["curves"]["copy"]] == [1, 2, 3]
+    assert weights.stat().st_mtime_ns == stamp  # the quick run is left alone
 
 
 def test_missing_reference_is_a_clear_error(tmp_path):

@@ -109,6 +109,26 @@ def test_positions_without_a_table_needs_norms(bases, tmp_path):
     assert changed and all(".ln_" in k for k in changed)
 
 
+def test_head_run_trains_a_new_mlm_head_and_nothing_else(bases, tmp_path, capfd):
+    """An encoder saved without an MLM head (as all-MiniLM-L6-v2): trainable 'head' trains the head's transform and
+    bias; the encoder and the word embeddings (the tied decoder) stay as they are. The load says so in one line."""
+    encoder = tmp_path / "encoder"
+    transformers.BertModel.from_pretrained(bases / "bert").save_pretrained(encoder)
+    transformers.AutoTokenizer.from_pretrained(bases / "bert").save_pretrained(encoder)
+    raw = make_raw(bases, tmp_path / "run", "bert", trainable="head", max_steps=5)
+    raw.update(model=str(encoder), posswap=None)
+    capfd.readouterr()
+    final = run(raw)
+    err = capfd.readouterr().err
+    assert "saved without this head (BertModel)" in err and "LOAD REPORT" not in err and "corrupted" not in err
+    weights, base = load_file(final / "model.safetensors"), load_file(encoder / "model.safetensors")
+    unchanged = lambda k: k.removeprefix("bert.") in base and torch.equal(weights[k], base[k.removeprefix("bert.")])  # noqa: E731
+    changed = {k for k in weights if not unchanged(k)}
+    assert changed and all(k.startswith("cls.predictions.") and "decoder" not in k for k in changed)
+    with pytest.raises(ValueError, match="no parameters outside its base model"):
+        run(make_raw(bases, tmp_path / "gpt2", "gpt2", method="interpolate", trainable="head", max_steps=1))
+
+
 def test_pose_position_ids_span_the_target_length():
     torch.manual_seed(0)
     ids = pose_position_ids(64, window=16, max_length=128, offset=2)

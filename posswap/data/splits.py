@@ -14,12 +14,15 @@ from . import read_document
 
 # Held out of every training split: evaluation text no recipe has trained on.
 HELDOUT_DOCUMENTS = ("persuasion",)
+# A second held-out domain, unlike every training text: technical prose (the Python tutorial and HOWTOs).
+TECHNICAL_DOCUMENTS = ("python-docs",)
 AUSTEN_TRAIN_DOCUMENTS = ("emma", "mansfieldpark", "northangerabbey", "prideprejudice", "sensesensibility")
 
 SPLITS: dict[str, tuple[str, ...]] = {
     "austen-train": AUSTEN_TRAIN_DOCUMENTS,
     "train": AUSTEN_TRAIN_DOCUMENTS + ("kjv",),
     "austen-heldout": HELDOUT_DOCUMENTS,
+    "technical-heldout": TECHNICAL_DOCUMENTS,
     "kjv": ("kjv",),
 }
 EMBEDDED_PREFIX = "posswap:"
@@ -28,7 +31,7 @@ LOCAL_SUFFIXES = tuple(_LOCAL_BUILDERS)  # what a local --data / data.train file
 
 
 def load_split(split: str) -> datasets.Dataset:
-    """One named split of the embedded corpus (``austen-train``, ``train``, ``austen-heldout``, ``kjv``)."""
+    """One named split of the embedded corpus (``austen-train``, ``train``, ``austen-heldout``, ``technical-heldout``, ``kjv``)."""
     if split not in SPLITS:
         raise ValueError(
             f"No embedded split {split!r}. Use one of: {', '.join(EMBEDDED_PREFIX + s for s in SPLITS)}."

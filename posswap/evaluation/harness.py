@@ -149,7 +149,7 @@ def _tokenizer(tokenizer, models):
 
 
 def _score_causal(model, name, stream, lengths, result, stride, beyond, max_tokens, progress):
-    losses, read_as, buckets = [], [], []
+    losses, errors, read_as, buckets = [], [], [], []
     for length in tqdm(lengths, desc=f"{name}: perplexity", disable=not progress):
         if stride is not None:
             # The perplexity guide over the whole budget: windows of `length` (or the model's own, past it).
@@ -161,10 +161,15 @@ def _score_causal(model, name, stream, lengths, result, stride, beyond, max_toke
             parts = [window_losses(model, w, result.limit, beyond, None) for w in windows(stream, length, max_tokens)]
             scored, how = TokenLosses.cat([p[0] for p in parts]), parts[0][1]
             position = scored.position
+            window_of = torch.cat([torch.full_like(p[0].nll, i, dtype=torch.long) for i, p in enumerate(parts)])
+        if stride is not None:  # one long read: blocks of `length` stream tokens stand in for windows
+            window_of = scored.position // length
         losses.append(scored.mean())
+        errors.append(standard_error(scored.nll, window_of))
         read_as.append(how)
         buckets.append(_buckets(scored.nll, position, length))
     result.metrics["loss"] = losses
+    result.metrics["loss_se"] = errors
     result.metrics["ppl"] = [math.exp(v) if v < 700 else math.inf for v in losses]
     result.metrics["read_as"] = read_as
     result.per_position = buckets
@@ -172,16 +177,17 @@ def _score_causal(model, name, stream, lengths, result, stride, beyond, max_toke
 
 def _score_masked(model, name, tokenizer, stream, lengths, result, seed, max_tokens, progress):
     special = tokenizer.num_special_tokens_to_add()
-    loss, accuracy, read_as, buckets = [], [], [], []
+    loss, errors, accuracy, read_as, buckets = [], [], [], [], []
     for length in tqdm(lengths, desc=f"{name}: masked LM", disable=not progress):
         content = windows(stream, length - special, max_tokens)
         masked = mask_windows([with_special_tokens(w, tokenizer) for w in content], tokenizer, seed)
         scores, how = masked_lm_scores(model, masked, result.limit)
         loss.append(scores.loss)
+        errors.append(standard_error(scores.nll, scores.window))
         accuracy.append(scores.accuracy)
         read_as.append(how)
         buckets.append(_buckets(scores.nll, scores.position, length))
-    result.metrics.update(mlm_loss=loss, mlm_accuracy=accuracy, read_as=read_as)
+    result.metrics.update(mlm_loss=loss, mlm_loss_se=errors, mlm_accuracy=accuracy, read_as=read_as)
     result.per_position = buckets
 
 
@@ -204,6 +210,15 @@ def _passkey(model, name, tokenizer, lengths, limit, trials, depths, seed, progr
                 row.append(found / trials)
             accuracy.append(row)
     return {"depths": list(depths), "trials": trials, "accuracy": accuracy}
+
+
+def standard_error(nll: torch.Tensor, window: torch.Tensor) -> float | None:
+    """Standard error of the mean loss, from the spread of the per-window means (tokens within a window are not
+    independent; windows of different text nearly are). None with fewer than two windows."""
+    means = torch.stack([nll[window == w].mean() for w in window.unique()]).double()
+    if len(means) < 2:
+        return None
+    return (means.std() / len(means) ** 0.5).item()
 
 
 def _buckets(nll: torch.Tensor, position: torch.Tensor, length: int) -> dict:

@@ -42,6 +42,7 @@ class MaskedScores:
     count: int
     nll: torch.Tensor  # per masked token
     position: torch.Tensor  # its index in the window
+    window: torch.Tensor  # which window it is in
 
 
 @torch.no_grad()
@@ -49,8 +50,8 @@ def masked_lm_scores(model: nn.Module, masked: list[tuple[torch.Tensor, torch.Te
     """Loss and accuracy over the masked tokens. A window longer than ``limit`` is read in consecutive pieces
     of the model's own length (``truncate``): the masks stay those of the whole window."""
     device = model_device(model)
-    nlls, hits, positions, how = [], [], [], "full"
-    for input_ids, labels in masked:
+    nlls, hits, positions, window_of, how = [], [], [], [], "full"
+    for index, (input_ids, labels) in enumerate(masked):
         piece = len(input_ids) if limit is None else min(limit, len(input_ids))
         how = "full" if piece == len(input_ids) else "truncate"
         for start in range(0, len(input_ids), piece):
@@ -62,7 +63,9 @@ def masked_lm_scores(model: nn.Module, masked: list[tuple[torch.Tensor, torch.Te
             nlls.append(F.cross_entropy(logits[keep], gold[keep], reduction="none"))
             hits.append(logits[keep].argmax(-1) == gold[keep])
             positions.append(torch.nonzero(keep)[:, 0] + start)
+            window_of.append(torch.full((int(keep.sum()),), index))
     if not nlls:
         raise ValueError("No token was masked: use longer windows or more --max-tokens.")
     nll, hit = torch.cat(nlls), torch.cat(hits)
-    return MaskedScores(nll.mean().item(), hit.float().mean().item(), len(nll), nll, torch.cat(positions)), how
+    scores = MaskedScores(nll.mean().item(), hit.float().mean().item(), len(nll), nll, torch.cat(positions), torch.cat(window_of))
+    return scores, how

@@ -1,9 +1,13 @@
-"""What the extension study runs: the bases, the method variants, the equal training budget, and the presets.
+"""What the extension study runs: the bases, the method variants, the two budgets (quick and long), the
+held-out sets, the repeat probe, and the presets.
 
-Every variant of a base trains the same number of steps on the same number of tokens per step. RoPE and
-ALiBi (and the optional sinusoidal and NoPE variants) are patched to 8x but trained on 4x windows, so that 8x is
-real extrapolation; the interpolated tables are made for 4x and read 8x with a sliding window (causal) or in
-pieces (masked), as the original reads everything past 1x.
+Every variant of a base trains the same number of steps on the same number of tokens per step. Methods without
+a learned table (RoPE, ALiBi, sinusoidal, NoPE, T5 bias) are patched to 8x but trained on 4x windows, so that
+8x is real extrapolation; the table methods (copy, linear, cubic, TUPE's extended table) are made for 4x and read
+8x with a sliding window (causal) or in pieces (masked), as the original reads everything past 1x.
+
+Phases: ``quick`` trains every variant at a small budget; ``long`` trains the best ``LONG_VARIANTS`` of the
+quick table (by held-out loss at 4x on the first held-out set) and the original, longer, at a lower rate.
 """
 
 from __future__ import annotations
@@ -13,30 +17,38 @@ from dataclasses import dataclass, replace
 from ..config import check_number
 
 TRAIN_DATA = "posswap:train"  # five Austen novels + the King James Bible
-HELDOUT_DATA = "posswap:austen-heldout"  # Persuasion: in no training split
+# Held-out sets, in no training split: the same author and era (Persuasion), then technical prose.
+HELDOUT_SETS = ("posswap:austen-heldout", "posswap:technical-heldout")
+HELDOUT_DATA = HELDOUT_SETS[0]
 EXTEND = 4  # trained length = EXTEND x the original
 MULTIPLES = (1, 2, 4, 8)  # evaluated lengths, as multiples of the original
+STEP0_MULTIPLES = (1, 4)  # the untrained cost of each method, at the original length and the trained one
+LONG_VARIANTS = 4  # how many of the quick table's best the long phase trains
+PHASES = ("quick", "long")
 
 
 def variant_patch(name: str, length: int) -> dict:
     """The ``posswap:`` block of a method variant for a base of ``length`` positions."""
+    table, free = EXTEND * length, 2 * EXTEND * length  # a learned table is made for 4x; the rest reach 8x
     patches = {
-        "copy": {"method": "interpolate", "mode": "copy", "max_length": EXTEND * length},
-        "linear": {"method": "interpolate", "mode": "linear", "max_length": EXTEND * length},
-        "cubic": {"method": "interpolate", "mode": "cubic", "max_length": EXTEND * length},
-        "rope": {"method": "rope", "max_length": 2 * EXTEND * length},
-        "rope-yarn": {"method": "rope", "max_length": 2 * EXTEND * length, "scaling": "yarn", "factor": float(EXTEND)},
-        "alibi": {"method": "alibi", "max_length": 2 * EXTEND * length},
-        # Not in the default study (VARIANTS); run them with --variants sinusoidal,nope. No learned table: 8x too.
-        "sinusoidal": {"method": "sinusoidal", "max_length": 2 * EXTEND * length},
-        "nope": {"method": "nope", "max_length": 2 * EXTEND * length},
+        "copy": {"method": "interpolate", "mode": "copy", "max_length": table},
+        "linear": {"method": "interpolate", "mode": "linear", "max_length": table},
+        "cubic": {"method": "interpolate", "mode": "cubic", "max_length": table},
+        "rope": {"method": "rope", "max_length": free},
+        "rope-yarn": {"method": "rope", "max_length": free, "scaling": "yarn", "factor": float(EXTEND)},
+        "alibi": {"method": "alibi", "max_length": free},
+        "sinusoidal": {"method": "sinusoidal", "max_length": free},
+        "nope": {"method": "nope", "max_length": free},
+        "t5-bias": {"method": "t5-bias", "max_length": free},
+        "t5-bias-fit": {"method": "t5-bias", "max_length": free, "init": "fit"},
+        "tupe": {"method": "tupe", "max_length": table},  # its correlation comes from the (copied) table
     }
     if name not in patches:
         raise ValueError(f"Unknown study variant {name!r}; choose from {', '.join(patches)}.")
     return patches[name]
 
 
-VARIANTS = ("copy", "linear", "cubic", "rope", "rope-yarn", "alibi")
+VARIANTS = ("copy", "linear", "cubic", "rope", "rope-yarn", "alibi", "sinusoidal", "nope", "t5-bias", "t5-bias-fit", "tupe")
 
 
 @dataclass(frozen=True)
@@ -48,7 +60,20 @@ class Budget:
     batch_size: int
     lr: float
     warmup_steps: int
-    eval_every: int | None = None  # steps between held-out checks (the crossover curve); the MLM head has none
+    eval_every: int | None = None  # steps between held-out checks (the crossover curve)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The repeat probe: a held-out span of ``span`` tokens, filler of d tokens, the span again, for d at each
+    of ``multiples`` x the original length, ``spans`` spans per d."""
+
+    span: int
+    multiples: tuple[float, ...]
+    spans: int = 20
+
+    def distances(self, length: int) -> list[int]:
+        return [int(m * length) for m in self.multiples]
 
 
 @dataclass(frozen=True)
@@ -56,40 +81,72 @@ class BaseSpec:
     name: str  # "gpt2" (the reference GPT-2, causal LM) or "minilm" (real MiniLM with an MLM head, masked LM)
     length: int  # the original's positions
     budget: Budget
-    eval_tokens: int  # held-out tokens scored per model and length
-    passkey_trials: int = 0  # per length and depth (causal only)
+    eval_tokens: int  # held-out tokens scored per model, length and held-out set
     variants: tuple[str, ...] = VARIANTS
     baseline: bool = True  # also train the original the same steps at its own length
-    head_budget: Budget | None = None  # minilm: the MLM head trained at 512 first, shared by every variant
+    head_budget: Budget | None = None  # minilm: the MLM head trained at 512 first (encoder frozen), shared by all
     multiples: tuple[int, ...] = MULTIPLES
     train_data: str = TRAIN_DATA
-    heldout_data: str = HELDOUT_DATA
+    heldout: tuple[str, ...] = HELDOUT_SETS
+    probe: Probe | None = None
+    step0_multiples: tuple[int, ...] = STEP0_MULTIPLES
+    long_budget: Budget | None = None  # the long phase
+    long_probe: Probe | None = None  # the long phase's probe (more distances: fewer models to probe)
+    phase: str = "quick"
+    probe_untrained: bool = False  # also probe each variant right after the patch (the README's before/after)
 
     @property
     def lengths(self) -> list[int]:
         return [m * self.length for m in self.multiples]
 
+    @property
+    def step0_lengths(self) -> list[int]:
+        return [m * self.length for m in self.step0_multiples if m in self.multiples]
 
+    @property
+    def heldout_data(self) -> str:
+        return self.heldout[0]
+
+    def for_phase(self, phase: str) -> "BaseSpec":
+        """This base in ``phase``: the long phase trains longer (its variants are picked from the quick results
+        by the runner) and probes more distances."""
+        if phase not in PHASES:
+            raise ValueError(f"--budget must be one of {', '.join(PHASES)}; got {phase!r}.")
+        if phase == "quick":
+            return replace(self, phase="quick")
+        if self.long_budget is None:
+            raise ValueError(f"The {self.name} base of this preset has no long budget.")
+        return replace(self, phase="long", budget=self.long_budget, probe=self.long_probe or self.probe)
+
+
+CAUSAL_MULTIPLES = (0.25, 0.5, 0.75, 1.5, 3, 5, 7)
 FULL = (
     BaseSpec(
-        name="gpt2", length=256, eval_tokens=16384, passkey_trials=2,
+        name="gpt2", length=256, eval_tokens=16384,
         # batch 1: on 2 CPU cores one 1024-token window trains at ~1,050 tokens/s, a batch of four at ~480 (the logits)
         budget=Budget(steps=150, batch_size=1, lr=3e-4, warmup_steps=10, eval_every=25),
+        long_budget=Budget(steps=800, batch_size=1, lr=5e-5, warmup_steps=40, eval_every=100),
+        probe=Probe(span=64, multiples=CAUSAL_MULTIPLES),
     ),
     BaseSpec(
         name="minilm", length=512, eval_tokens=8192,
         # MiniLM at 2048 trains at ~180 tokens/s on 2 cores (30k-word MLM logits): a small budget
         budget=Budget(steps=16, batch_size=1, lr=2e-4, warmup_steps=2, eval_every=4),
-        head_budget=Budget(steps=80, batch_size=4, lr=3e-4, warmup_steps=8),
+        long_budget=Budget(steps=64, batch_size=1, lr=5e-5, warmup_steps=4, eval_every=16),
+        head_budget=Budget(steps=300, batch_size=8, lr=2e-3, warmup_steps=20),
+        probe=Probe(span=64, multiples=(0.25, 0.5, 1.5, 3)),
+        long_probe=Probe(span=64, multiples=CAUSAL_MULTIPLES),
     ),
 )
 
-# The README's main command: one method on the real MiniLM, a few steps, <= 10 minutes on 2 CPU cores.
+# The README's main command: the repeat probe on the real MiniLM past 512, before and after a short training of
+# one method; <= 10 minutes on 2 CPU cores.
 MINI = (
     BaseSpec(
-        name="minilm", length=512, eval_tokens=2048, variants=("copy",), baseline=False, multiples=(1, 2, 4),
+        name="minilm", length=512, eval_tokens=2048, variants=("alibi",), baseline=False, multiples=(1, 4), heldout=HELDOUT_SETS[:1],
         budget=Budget(steps=8, batch_size=1, lr=1e-4, warmup_steps=1, eval_every=4),
-        head_budget=Budget(steps=30, batch_size=4, lr=3e-4, warmup_steps=3),
+        head_budget=Budget(steps=60, batch_size=8, lr=2e-3, warmup_steps=6),
+        probe=Probe(span=64, multiples=(0.25, 1.5), spans=12), probe_untrained=True,
     ),
 )
 
@@ -98,19 +155,22 @@ PRESETS = {"full": FULL, "mini": MINI}
 
 def select(
     preset: str, bases: list[str] | None = None, variants: list[str] | None = None, steps: int | None = None,
-    lr: float | None = None, baseline: bool = True,
+    lr: float | None = None, baseline: bool = True, phase: str = "quick",
 ) -> tuple[BaseSpec, ...]:
-    """A preset, narrowed to some bases and variants, with another step count or learning rate if asked
-    (checked here, before anything trains)."""
+    """A preset in a phase, narrowed to some bases and variants, with another step count or learning rate if
+    asked (checked here, before anything trains)."""
     if preset not in PRESETS:
         raise ValueError(f"Unknown preset {preset!r}; choose from {', '.join(PRESETS)}.")
     specs = PRESETS[preset]
+    if phase != "quick" and preset != "full":
+        raise ValueError(f"--budget {phase} is a phase of the full study; --preset {preset} has one budget of its own.")
     if bases:
         known = {spec.name for spec in specs}
         unknown = sorted(set(bases) - known)
         if unknown:
             raise ValueError(f"Unknown base(s) {', '.join(unknown)} for preset {preset!r}; choose from {', '.join(sorted(known))}.")
         specs = tuple(spec for spec in specs if spec.name in bases)
+    specs = tuple(spec.for_phase(phase) for spec in specs)
     if variants:
         for name in variants:
             variant_patch(name, 1)  # raises for an unknown name
@@ -127,4 +187,7 @@ def select(
     return specs
 
 
-__all__ = ["BaseSpec", "Budget", "EXTEND", "HELDOUT_DATA", "MULTIPLES", "PRESETS", "TRAIN_DATA", "VARIANTS", "select", "variant_patch"]
+__all__ = [
+    "BaseSpec", "Budget", "EXTEND", "HELDOUT_SETS", "MULTIPLES", "PHASES", "PRESETS", "Probe", "TRAIN_DATA", "VARIANTS",
+    "select", "variant_patch",
+]

@@ -1,4 +1,5 @@
-"""The study's summary: markdown tables (README-ready) and the crossover plot, from the saved results only."""
+"""The study's summary: markdown tables (README-ready, every number with its standard error) and the crossover
+and probe plots, from the saved results only."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from ..evaluation import Results
 from ..evaluation.plots import plt, save_figure
 
 NAMES = {"gpt2": "Reference GPT-2", "minilm": "MiniLM (all-MiniLM-L6-v2 + MLM head)"}
+SETS = {"posswap:austen-heldout": "*Persuasion* (fiction, same author as training)",
+        "posswap:technical-heldout": "the Python tutorial and HOWTOs (technical prose, unseen domain)"}
 
 
 def crossover_step(curve: list, target: float) -> int | None:
@@ -24,80 +27,123 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def with_error(value: float | None, error: float | None, digits: int = 2) -> str:
+    """``value ± error`` (``value`` alone when the error is unknown)."""
+    if value is None:
+        return "-"
+    if math.isinf(value):
+        return "inf"
+    if error is None:
+        return f"{value:.{digits}f}"
+    return f"{value:.{digits}f} ± {error:.{digits}f}"
+
+
+def scored_cell(result, i: int, causal: bool) -> str:
+    """Perplexity (causal; its error is ppl x the loss's) or MLM loss, with the standard error over windows."""
+    if causal:
+        ppl, se = result.metrics["ppl"][i], (result.metrics.get("loss_se") or [None] * (i + 1))[i]
+        return with_error(ppl, ppl * se if se is not None and not math.isinf(ppl) else None, 1 if ppl >= 100 else 2)
+    se = (result.metrics.get("mlm_loss_se") or [None] * (i + 1))[i]
+    return with_error(result.metrics["mlm_loss"][i], se, 3)
+
+
 def _row(cells: list) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
-def metric_table(spec, step0: Results, after: Results, metric: str) -> list[str]:
-    """One row per model: ``step 0 -> after`` at each length."""
-    lengths = step0.lengths
-    lines = [_row(["model"] + [f"{n} ({n // spec.length}x)" for n in lengths]), _row(["---"] * (len(lengths) + 1))]
-    for name in after.models:
-        first = step0.models.get(name)
-        last = after.models[name]
-        cells = []
-        for i in range(len(lengths)):
-            now = _fmt(last.metrics[metric][i])
-            if first is None or first == last:  # the originals are scored once: one value
-                cells.append(now)
-            else:
-                cells.append(f"{_fmt(first.metrics[metric][i])} → {now}")
-        lines.append(_row([name] + cells))
+def metric_table(spec, step0: Results | None, after: Results, causal: bool) -> list[str]:
+    """One row per model: its untrained numbers (at 1x and 4x), then after training at every length."""
+    lengths = after.lengths
+    early = step0.lengths if step0 is not None else []
+    header = ["model"] + [f"step 0, {n // spec.length}x" for n in early] + [f"{n} ({n // spec.length}x)" for n in lengths]
+    lines = [_row(header), _row(["---"] * len(header))]
+    for name, result in after.models.items():
+        first = step0.models.get(name) if step0 is not None else None
+        untrained = [scored_cell(first, i, causal) if first is not None and first is not result else "" for i in range(len(early))]
+        if first is not None and name in ("original", "original (sliding)"):
+            untrained = ["(same)"] * len(early)
+        lines.append(_row([name] + untrained + [scored_cell(result, i, causal) for i in range(len(lengths))]))
     return lines
 
 
-def passkey_table(results: Results) -> list[str]:
-    lines = [_row(["model"] + [str(n) for n in results.lengths]), _row(["---"] * (len(results.lengths) + 1))]
-    for name, result in results.models.items():
-        values = result.metrics.get("passkey")
-        if values is not None:
-            lines.append(_row([name] + [_fmt(v) for v in values]))
+def probe_table(probe: dict) -> list[str]:
+    """Loss drop on the repeated span (reference minus repeat), ± its standard error over spans, per distance."""
+    multiples = probe["multiples"]
+    lines = [_row(["model"] + [f"d = {m:g}x" for m in multiples]), _row(["---"] * (len(multiples) + 1))]
+    for name, found in probe["models"].items():
+        lines.append(_row([name] + [with_error(v, e, 2) for v, e in zip(found["drop"], found["drop_se"])]))
     return lines
 
 
-def base_summary(spec, step0: Results, after: Results, curves: dict, causal: bool) -> str:
-    metric = "ppl" if causal else "mlm_loss"
-    steps = spec.budget.steps
+def _probe_text(probe: dict, causal: bool) -> str:
+    what = (
+        "loss on the first occurrence minus loss on the second" if causal
+        else "MLM loss of span tokens masked in the second occurrence with the first masked too, minus with the first visible"
+    )
+    return (
+        f"Repeat probe on *Persuasion*: a held-out span of {probe['span']} tokens, filler of d tokens, the span again; "
+        f"{what} (nats, ± standard error over {probe['models'][next(iter(probe['models']))]['n'][0]} spans). "
+        "Large = the model reads the copy d tokens back. The original reads past its limit "
+        + ("with a sliding window." if causal else "in pieces.")
+    )
+
+
+def base_summary(spec, step0: dict | None, after: dict, curves: dict, probe: dict | None, causal: bool) -> str:
+    steps, lr = spec.budget.steps, spec.budget.lr
     tokens = steps * spec.budget.batch_size * 4 * spec.length
-    title = f"### {NAMES.get(spec.name, spec.name)}: {spec.length} → {4 * spec.length} positions"
     lines = [
-        title, "",
-        f"Held-out {'perplexity' if causal else 'MLM loss (nats)'} on *Persuasion* ({spec.eval_tokens:,} tokens per length), "
-        f"untrained → after {steps} steps ({tokens:,} training tokens). `original` reads past its limit in pieces"
-        + ("; `original (sliding)` and every variant past its own limit read with a sliding window." if causal else "; so does every variant past its own limit.")
-        + (f" `original trained` is the original trained the same {steps} steps at {spec.length} tokens." if spec.baseline else ""),
-        "",
-        *metric_table(spec, step0, after, metric),
+        f"### {NAMES.get(spec.name, spec.name)}: {spec.length} → {4 * spec.length} positions, {spec.phase} budget "
+        f"({steps} steps at lr {lr:g}, {tokens:,} training tokens per variant)", "",
     ]
-    if causal and any("passkey" in r.metrics for r in after.models.values()):
-        lines += ["", f"Passkey accuracy after training ({spec.passkey_trials} keys × 5 depths per length):", "", *passkey_table(after)]
-    target = curves["original_at_1x"]
+    for data, results in after.items():
+        lines += [
+            f"Held-out {'perplexity' if causal else 'MLM loss (nats)'} on {SETS.get(data, data)}, {spec.eval_tokens:,} tokens per "
+            "length, ± the standard error over windows. `step 0`: untrained, right after the patch. `original` reads past its "
+            "limit in pieces" + ("; `original (sliding)` and every variant past its own limit read with a sliding window." if causal
+                                 else "; so does every variant past its own limit.")
+            + (f" `original trained`: the original trained the same {steps} steps at {spec.length} tokens." if spec.baseline else ""),
+            "", *metric_table(spec, (step0 or {}).get(data), results, causal), "",
+        ]
+    if probe is not None:
+        lines += [_probe_text(probe, causal), "", *probe_table(probe), ""]
+    lines += crossover_lines(spec, curves, step0)
+    return "\n".join(lines)
+
+
+def crossover_lines(spec, curves: dict, step0: dict | None) -> list[str]:
+    target, steps = curves["original_at_1x"], curves["steps"]
     baseline = dict(tuple(p) for p in curves["curves"].get("original trained", []))
-    lines += [
-        "", f"Crossover: held-out {curves['metric']} at {curves['length']} tokens (4x) during training, against the "
+    first_set = (step0 or {}).get(spec.heldout_data)
+    at = first_set.lengths.index(curves["length"]) if first_set is not None and curves["length"] in first_set.lengths else None
+    checked = next(iter(curves["curves"].values()), [])
+    lines = [
+        f"Crossover: held-out {curves['metric']} at {curves['length']} tokens (4x) during training, against the "
         f"original at {spec.length} (1x) on the same tokens: {target:.4f}.", "",
-        _row(["variant", "step 0"] + [f"step {s}" for s, _ in next(iter(curves["curves"].values()), [])]
-             + ["first step below the original at 1x", "first step below `original trained` at 1x, same step"]),
+        _row(["variant", "step 0"] + [f"step {s}" for s, _ in checked] + ["first step below the original at 1x", "first step below `original trained` at 1x, same step"]),
+        _row(["---"] * (len(checked) + 4)),
     ]
-    width = len(next(iter(curves["curves"].values()), [])) + 4
-    lines.append(_row(["---"] * width))
     for name, curve in curves["curves"].items():
-        start = curves["step0_at_4x"].get(name, target)
-        found = 0 if start < target else crossover_step(curve, target)
+        start = first_set.models[name].metrics[curves["metric"]][at] if at is not None and name in first_set.models else None
+        found = 0 if start is not None and start < target else crossover_step(curve, target)
         fair = next((step for step, loss in curve if step in baseline and loss < baseline[step]), None)
         fair_cell = "-" if name == "original trained" or not baseline else fair if fair is not None else f"not within {steps}"
-        lines.append(_row([name, f"{start:.4f}"] + [f"{loss:.4f}" for _, loss in curve] + [found if found is not None else f"not within {steps}", fair_cell]))
-    return "\n".join(lines)
+        lines.append(_row([name, _fmt(start)] + [f"{loss:.4f}" for _, loss in curve] + [found if found is not None else f"not within {steps}", fair_cell]))
+    return lines
 
 
 def curve_plot(curves: dict, path: Path) -> Path:
     figure, axes = plt.subplots(figsize=(6, 4))
     for name, curve in curves["curves"].items():
-        start = curves["step0_at_4x"].get(name, curves["original_at_1x"])
-        points = [(0, start)] + [tuple(p) for p in curve]
+        points = [tuple(p) for p in curve]
         axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
     axes.axhline(curves["original_at_1x"], color="black", linestyle="--", linewidth=1, label="original at 1x")
     axes.set_xlabel("training steps")
     axes.set_ylabel(f"held-out {curves['metric']} (variants at 4x; 'original trained' at 1x)")
-    axes.legend(fontsize=8)
+    axes.legend(fontsize=7)
     return save_figure(figure, Path(path))
+
+
+def probe_plot(probe: dict, path: Path) -> Path:
+    from ..evaluation.plots import plot_repeat
+
+    return plot_repeat(probe["models"], probe["length"], Path(path))

@@ -1,11 +1,11 @@
-"""``posswap study``: every variant of each base at 0 steps and after the same budget, the baselines, the
-crossover curves, and the files under ``results/``.
+"""``posswap study``: one phase of the extension study per command, and the files under ``results/``.
 
-Per base: the original (the reference GPT-2, or MiniLM with an MLM head trained at 512) -> each variant
-patched and scored untrained -> each variant trained for the budget, its held-out loss at 4x checked every
-``eval_every`` steps -> the original trained the same steps at its own length -> everything scored again.
-A run whose model folder exists with the same recipe is not trained again, so an interrupted study resumes
-where it stopped.
+Per base (``quick``): the original (the reference GPT-2, or MiniLM with an MLM head trained at 512) -> each
+variant patched and scored untrained -> each variant trained for the budget, its held-out loss at 4x checked
+every ``eval_every`` steps -> the original trained the same steps at its own length -> everything scored again on
+every held-out set -> the repeat probe -> the pictures. ``long`` does the same for the best variants of the quick
+table, longer. A run whose model folder exists with the same recipe is not trained again, so an interrupted
+study resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -20,48 +20,48 @@ from pathlib import Path
 import torch
 
 from ..config import load_yaml
-from ..evaluation import Results, evaluate
 from ..evaluation.plots import write_plots
 from ..files import remove_model_folder
-from .plan import EXTEND, HELDOUT_DATA, BaseSpec, Budget, variant_patch
-from .report import base_summary, curve_plot
+from .plan import EXTEND, LONG_VARIANTS, BaseSpec, Budget, variant_patch
+from .report import base_summary, curve_plot, probe_plot
+from .scoring import BASELINE, ORIGINAL, Scorer, load_sets, loss_metric, save_sets, set_name, write_json
 
-ORIGINAL = "original"
-SLIDING = "original (sliding)"
-BASELINE = "original trained"
-
-
-def loss_metric(causal: bool) -> str:
-    return "loss" if causal else "mlm_loss"
+__all__ = ["BASELINE", "ORIGINAL", "CurveRecorder", "Study", "hardware"]
 
 
 class CurveRecorder:
     """Training callback: held-out loss at ``length`` every ``every`` steps (the crossover curve). The global
     RNG is forked around the check, so dropout and MLM masks of the run are the same with or without it."""
 
-    def __init__(self, tokenizer, length: int, every: int, tokens: int, causal: bool, data: str = HELDOUT_DATA):
+    def __init__(self, tokenizer, length: int, every: int, tokens: int, causal: bool, data: str):
         self.tokenizer, self.length, self.every, self.tokens, self.data = tokenizer, length, every, tokens, data
         self.metric = loss_metric(causal)
         self.points: list[tuple[int, float]] = []
         self.path: Path | None = None  # set by the run: each point is written as it comes, to watch a long run
 
     def __call__(self, step: int, loss: float, model) -> None:
+        from ..evaluation import evaluate
+
         if step % self.every:
             return
         model.eval()
         with torch.random.fork_rng(devices=[]):
-            scored = evaluate({"run": model}, self.tokenizer, [self.length], self.data, max_tokens=self.tokens, progress=False)
+            scored = evaluate({"run": model}, self.tokenizer, [self.length], self.data, max_tokens=self.tokens, progress=False, device=_device_of(model))
         model.train()
         self.points.append((step, scored.models["run"].metrics[self.metric][0]))
         if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text(json.dumps(self.points) + "\n")
+            write_json(self.path, self.points)
+
+
+def _device_of(model) -> torch.device:
+    return next(model.parameters()).device
 
 
 class Study:
-    def __init__(self, specs: tuple[BaseSpec, ...], work: Path, out: Path, reference: Path | None = None):
+    def __init__(self, specs: tuple[BaseSpec, ...], work: Path, out: Path, reference: Path | None = None, device: str | None = None):
         self.specs, self.work, self.out = specs, Path(work), Path(out)
         self.reference = Path(reference) if reference is not None else None
+        self.device = device
         self.timings: dict[str, float] = {}
 
     # -- the pieces --------------------------------------------------------------------------------------
@@ -72,10 +72,11 @@ class Study:
         self.timings[key] = round(self.timings.get(key, 0.0) + time.perf_counter() - start, 1)
         return value
 
-    def _recipe(self, spec: BaseSpec, model: str, posswap: dict | None, output_dir: Path, budget: Budget, batch_size: int, window: int | None = None) -> dict:
+    def _recipe(self, spec: BaseSpec, model: str, posswap: dict | None, output_dir: Path, budget: Budget, batch_size: int,
+                window: int | None = None, trainable: str = "full") -> dict:
         train = {
             "output_dir": str(output_dir), "max_steps": budget.steps, "batch_size": batch_size, "lr": budget.lr,
-            "warmup_steps": budget.warmup_steps, "weight_decay": 0.01, "trainable": "full",
+            "warmup_steps": budget.warmup_steps, "weight_decay": 0.01, "trainable": trainable,
             "save_every": budget.steps, "keep_checkpoints": 1, "log_every": max(1, budget.steps // 20), "seed": 0,
         }
         if window is not None and posswap is not None and window != posswap["max_length"]:
@@ -99,8 +100,7 @@ class Study:
         remove_model_folder(run_dir / "model")  # only a model folder: never what a user put there
         if curve is not None:
             curve.path = curve_file
-            curve_file.parent.mkdir(parents=True, exist_ok=True)
-            curve_file.write_text("[]\n")  # not an older run's points
+            write_json(curve_file, [])  # not an older run's points
         return train(recipe, raw, callbacks=[curve] if curve is not None else [])
 
     def original(self, spec: BaseSpec) -> Path:
@@ -115,38 +115,23 @@ class Study:
             default = Path(load_yaml(RECIPE.read_text())["train"]["output_dir"]) / "model"
             if (default / "config.json").exists():
                 return default
-            print("posswap study: no reference GPT-2 yet; pretraining it first (about 55 min on 2 CPU cores).")
+            print("posswap study: no reference GPT-2 yet; pretraining it first (about 60 min on 2 CPU cores).")
             return self._timed("gpt2/reference", pretrain_reference)
-        if spec.name == "minilm":  # MiniLM ships without an MLM head: train one at 512, shared by every variant
+        if spec.name == "minilm":  # MiniLM ships without an MLM head: one is trained at 512, the encoder frozen
             head = spec.head_budget
-            raw = self._recipe(spec, "posswap:minilm", None, self.work / "minilm" / ORIGINAL, head, head.batch_size)
+            raw = self._recipe(spec, "posswap:minilm", None, self.work / "minilm" / ORIGINAL, head, head.batch_size, trainable="head")
             return self._timed("minilm/head", self._train, raw, None)
         raise ValueError(f"Unknown base {spec.name!r}.")
 
-    def _score(self, spec: BaseSpec, models: dict, tokenizer, beyond: str) -> Results:
-        return evaluate(
-            models, tokenizer, spec.lengths, spec.heldout_data, beyond=beyond, max_tokens=spec.eval_tokens,
-            passkey_trials=spec.passkey_trials,
-        )
-
-    def _score_originals(self, spec: BaseSpec, original: Path, tokenizer, causal: bool) -> Results:
-        """The original past its limit: read in pieces (truncate) and, causal, with a sliding window."""
-        results = self._score(spec, {ORIGINAL: str(original)}, tokenizer, "truncate")
-        if causal:
-            results.models.update(self._score(spec, {SLIDING: str(original)}, tokenizer, "sliding").models)
-        return results
-
-    def _score_variants(self, spec: BaseSpec, originals: Results, variants: dict, tokenizer, causal: bool) -> Results:
-        """``originals`` plus each variant; a causal variant read past its limit slides (its best chance), a
-        masked one reads in pieces."""
-        beyond = "sliding" if causal else "truncate"
-        results = Results(lengths=originals.lengths, data=originals.data, settings=dict(originals.settings), models=dict(originals.models))
-        for name, model in variants.items():  # one at a time: loaded, scored, released
-            loaded = model() if callable(model) else model
-            results.models.update(self._score(spec, {name: loaded}, tokenizer, beyond).models)
-            del loaded
-        results.settings["beyond"] = f"{ORIGINAL}: truncate (pieces); {'others: sliding' if causal else 'all: truncate'}"
-        return results
+    def best_of_quick(self, spec: BaseSpec) -> tuple[str, ...]:
+        """The long phase's variants: the ``LONG_VARIANTS`` lowest held-out losses at 4x after the quick budget."""
+        folder = self.out / spec.name / "quick" / "trained"
+        if not (folder / f"{set_name(spec.heldout_data)}.json").exists():
+            raise ValueError(f"The long phase trains the best variants of the quick one: run `posswap study --budget quick` first (no {folder}).")
+        results = load_sets(spec, folder)[spec.heldout_data]
+        metric, at = loss_metric(spec.name == "gpt2"), results.lengths.index(EXTEND * spec.length)
+        ranked = sorted((r.metrics[metric][at], name) for name, r in results.models.items() if name in spec.variants)
+        return tuple(name for _, name in ranked[:LONG_VARIANTS])
 
     # -- one base ----------------------------------------------------------------------------------------
 
@@ -159,21 +144,18 @@ class Study:
         original = self.original(spec)
         tokenizer = AutoTokenizer.from_pretrained(original)
         causal = spec.name == "gpt2"
-        out = self.out / spec.name
-        window = EXTEND * spec.length
-        budget = spec.budget
-        raws = {
-            name: self._recipe(spec, str(original), variant_patch(name, spec.length), self.work / spec.name / name, budget, budget.batch_size, window)
-            for name in spec.variants
-        }
+        out = self.out / spec.name / spec.phase
+        window, budget = EXTEND * spec.length, spec.budget
+        variants = spec.variants if spec.phase == "quick" else self.best_of_quick(spec)
+        work = self.work / spec.name / spec.phase
+        raws = {name: self._recipe(spec, str(original), variant_patch(name, spec.length), work / name, budget, budget.batch_size, window) for name in variants}
+        scorer = Scorer(spec, tokenizer, causal, self.device)
 
-        def untrained(raw):
-            return lambda: load_patched_model(recipe_from_dict(raw))[0]
-
-        originals = self._timed(f"{spec.name}/eval original", self._score_originals, spec, original, tokenizer, causal)
-        step0 = self._timed(f"{spec.name}/eval step 0", self._score_variants, spec, originals, {n: untrained(r) for n, r in raws.items()}, tokenizer, causal)
-        step0.save(out / "step0" / "results.json")
-        write_plots(step0, out / "step0")
+        originals = self._timed(f"{spec.name}/eval original", scorer.originals, original, spec.lengths)
+        untrained = {n: (lambda raw=r: load_patched_model(recipe_from_dict(raw))[0]) for n, r in raws.items()}
+        if spec.phase == "quick":  # the untrained cost of each method; the long phase shows the quick one's
+            step0 = self._timed(f"{spec.name}/eval step 0", scorer.variants, originals, untrained, spec.step0_lengths)
+            save_sets(step0, out / "step0")
 
         curves: dict[str, list] = {}
         trained: dict[str, Path] = {}
@@ -182,62 +164,96 @@ class Study:
             trained[name] = self._timed(f"{spec.name}/train {name}", self._train, raw, recorder)
             curves[name] = recorder.points
         if spec.baseline:  # the original, the same steps and tokens per step, at its own length
-            raw = self._recipe(spec, str(original), None, self.work / spec.name / "baseline", budget, budget.batch_size * EXTEND)
+            raw = self._recipe(spec, str(original), None, work / "baseline", budget, budget.batch_size * EXTEND)
             recorder = CurveRecorder(tokenizer, spec.length, budget.eval_every, spec.eval_tokens, causal, spec.heldout_data)
             trained[BASELINE] = self._timed(f"{spec.name}/train baseline", self._train, raw, recorder)
             curves[BASELINE] = recorder.points
 
-        after = self._timed(f"{spec.name}/eval trained", self._score_variants, spec, originals, {n: str(p) for n, p in trained.items()}, tokenizer, causal)
-        after.save(out / "trained" / "results.json")
-        write_plots(after, out / "trained")
+        after = self._timed(f"{spec.name}/eval trained", scorer.variants, originals, {n: str(p) for n, p in trained.items()}, spec.lengths)
+        save_sets(after, out / "trained")
+        for data, results in after.items():
+            write_plots(results, out / "trained" / set_name(data))
+        if spec.probe is not None:
+            before = {f"{n} (step 0)": m for n, m in untrained.items()} if spec.probe_untrained else {}
+            probed = self._timed(f"{spec.name}/probe", scorer.probe, {ORIGINAL: str(original), **before, **{n: str(p) for n, p in trained.items()}})
+            write_json(out / "probe.json", probed)
+        self._timed(f"{spec.name}/pictures", self.pictures, spec, original, trained, tokenizer, out)
 
         metric = loss_metric(causal)
-        curve_data = {
+        first = originals[spec.heldout_data]
+        write_json(out / "curves.json", {
             "metric": metric, "length": window, "steps": budget.steps,
-            "original_at_1x": step0.models[ORIGINAL].metrics[metric][0],
-            "step0_at_4x": {n: step0.models[n].metrics[metric][spec.lengths.index(window)] for n in raws if window in spec.lengths},
+            "original_at_1x": first.models[ORIGINAL].metrics[metric][0],
             "curves": curves,
-        }
-        (out / "curves.json").write_text(json.dumps(curve_data, indent=2) + "\n")
+        })
         return self.report_base(spec)
 
+    def pictures(self, spec: BaseSpec, original: Path, trained: dict[str, Path], tokenizer, out: Path) -> None:
+        """Position maps, attention against distance (after training) and the T5 buckets, on the first held-out
+        set's opening window of 4x tokens."""
+        from ..data.splits import load_text_dataset
+        from ..evaluation.stream import resolve_device, token_stream
+        from ..loading import from_pretrained
+        from .pictures import attention_by_distance, plot_attention_by_distance, plot_position_maps, plot_t5_buckets
+
+        window = EXTEND * spec.length
+        ids = token_stream(load_text_dataset(spec.heldout_data)["text"], tokenizer, window)
+        device = resolve_device(self.device)
+        models = {ORIGINAL: original, **{n: p for n, p in trained.items() if n != BASELINE}}
+        loaded = {name: from_pretrained(str(path)).eval() for name, path in models.items()}
+        plot_position_maps(loaded, window, out / "position_maps.png")
+        curves = {}
+        for name, model in loaded.items():
+            length = min(window, getattr(model.config, "max_position_embeddings", window) or window)
+            curves[name] = attention_by_distance(model.to(device), ids[:length].to(device)).cpu()
+            model.to("cpu")
+            if (getattr(model.config, "posswap", None) or {}).get("method") == "t5-bias":
+                plot_t5_buckets(model, out / f"t5_buckets_{name}.png", max_distance=window)
+        plot_attention_by_distance(curves, out / "attention_by_distance.png")
+        write_json(out / "attention_by_distance.json", {name: c.tolist() for name, c in curves.items()})
+
     def report_base(self, spec: BaseSpec) -> dict:
-        """The summary table and crossover plot of ``spec``, from the files its run saved under ``out``."""
-        out = self.out / spec.name
+        """The summary and plots of ``spec`` in its phase, from the files its run saved under ``out``."""
+        out = self.out / spec.name / spec.phase
         if not (out / "curves.json").exists():
-            raise ValueError(f"No finished study of {spec.name} in {out}: run posswap study without --report-only first.")
-        step0 = Results.load(out / "step0" / "results.json")
-        after = Results.load(out / "trained" / "results.json")
+            raise ValueError(f"No finished {spec.phase} study of {spec.name} in {out}: run posswap study --budget {spec.phase} without --report-only first.")
+        quick = self.out / spec.name / "quick"
+        step0 = load_sets(spec, quick / "step0") if (quick / "step0").exists() else None
+        after = load_sets(spec, out / "trained")
         curve_data = json.loads((out / "curves.json").read_text())
+        probe = json.loads((out / "probe.json").read_text()) if (out / "probe.json").exists() else None
         curve_plot(curve_data, out / "crossover.png")
-        summary = base_summary(spec, step0, after, curve_data, causal=spec.name == "gpt2")
+        if probe is not None:
+            probe_plot(probe, out / "probe.png")
+        summary = base_summary(spec, step0, after, curve_data, probe, causal=spec.name == "gpt2")
         (out / "summary.md").write_text(summary + "\n")
         return {"spec": asdict(spec), "summary": summary}
 
     def run(self, command: str, report_only: bool = False) -> str:
         if report_only:
             return "\n\n".join(self.report_base(spec)["summary"] for spec in self.specs)
+        if self.device is not None and torch.device(self.device).type == "cpu":
+            os.environ["ACCELERATE_USE_CPU"] = "true"  # training too, not only scoring, stays off the GPU
         started = time.perf_counter()
         summaries = [self.run_base(spec) for spec in self.specs]
         wall = time.perf_counter() - started
+        phase = self.specs[0].phase if self.specs else "quick"
         record = {
-            "command": command,
-            "wall_minutes": round(wall / 60, 1),
-            "timings_s": self.timings,
-            "hardware": hardware(),
-            "bases": [s["spec"] for s in summaries],
+            "command": command, "phase": phase, "wall_minutes": round(wall / 60, 1), "timings_s": self.timings,
+            "hardware": hardware(self.device), "bases": [s["spec"] for s in summaries],
         }
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "study.json").write_text(json.dumps(record, indent=2) + "\n")
+        write_json(self.out / f"study-{phase}.json", record)
         text = "\n\n".join(s["summary"] for s in summaries)
         return f"{text}\n\nWall time {wall / 60:.1f} min on {record['hardware']['description']}; files in {self.out}/."
 
 
-def hardware() -> dict:
+def hardware(device: str | None = None) -> dict:
     import transformers
 
+    from ..evaluation.stream import resolve_device
+
     description = f"{torch.get_num_threads()} CPU threads ({platform.processor() or platform.machine()})"
-    if torch.cuda.is_available():
+    if resolve_device(device).type == "cuda":
         description = torch.cuda.get_device_name(0)
     return {
         "description": description, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),

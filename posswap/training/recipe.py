@@ -16,7 +16,7 @@ from ..config import (
 )
 from ..evaluation.harness import check_settings
 
-TRAINABLE = ("full", "positions", "lora")
+TRAINABLE = ("full", "positions", "lora", "head")
 MIXED_PRECISION = ("no", "bf16", "fp16")
 
 
@@ -56,7 +56,7 @@ class TrainSpec:
     warmup_steps: int = 0
     mixed_precision: str = "no"
     gradient_checkpointing: bool = False
-    trainable: str = "full"  # full | positions | lora
+    trainable: str = "full"  # full | positions | lora | head
     train_norms: bool = False  # with positions / lora: LayerNorms train too (LongLoRA)
     lora: LoraSpec = field(default_factory=LoraSpec)
     pose_window: int | None = None  # PoSE: train on windows this long whose position ids span max_length

@@ -26,6 +26,8 @@ def select_trainable(model: nn.Module, trainable: str, train_norms: bool, lora=N
     if trainable == "full":
         model.requires_grad_(True)
         return model
+    if trainable == "head":
+        return _head_only(model)
     positions = position_parameter_names(model)
     if trainable == "positions":
         if not positions and not train_norms:
@@ -53,6 +55,22 @@ def select_trainable(model: nn.Module, trainable: str, train_norms: bool, lora=N
         if name in positions or (train_norms and _is_norm(name)):
             parameter.requires_grad_(True)
     return peft_model
+
+
+def _head_only(model: nn.Module) -> nn.Module:
+    """Train only what lies outside the base model (the LM head's transform and bias): an encoder shipped without
+    an MLM head gets one while its own weights, and the word embeddings a tied decoder shares, stay as they are."""
+    base = set(map(id, model.base_model.parameters()))
+    head = [p for p in model.parameters() if id(p) not in base]
+    if not head:
+        raise ValueError(
+            f"train.trainable: head, but {type(model).__name__} has no parameters outside its base model (a tied "
+            "output layer is the word embeddings). Use trainable 'full', 'positions' or 'lora'."
+        )
+    model.requires_grad_(False)
+    for parameter in head:
+        parameter.requires_grad_(True)
+    return model
 
 
 def merged(model: nn.Module) -> nn.Module:
