@@ -111,8 +111,12 @@ def from_pretrained(name_or_path: str, model_class: type[PreTrainedModel] | None
 
 def _adds_head(config, model_class: type | None) -> bool:
     """A base encoder (saved as e.g. ``BertModel``, as all-MiniLM-L6-v2 is) loaded with a head class."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    base = MODEL_MAPPING_NAMES.get(config.model_type.removeprefix(MODEL_TYPE_PREFIX))
     saved = getattr(config, "architectures", None) or []
-    return model_class is not None and bool(saved) and all(name.endswith("Model") for name in saved) and model_class.__name__ != "AutoModel"
+    is_base = base is not None and bool(saved) and all(name.removeprefix("Posswap") == base for name in saved)
+    return is_base and model_class is not None and model_class.__name__ not in ("AutoModel", base)
 
 
 @contextlib.contextmanager
