@@ -141,3 +141,22 @@ def test_missing_reference_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="--reference .*config.json missing"):
         Study((spec,), tmp_path / "w", tmp_path / "r", reference=tmp_path / "nothing").run("x")
     assert not Path(tmp_path / "r").exists()
+
+
+def test_tiny_masked_study_has_the_noise_floor_and_the_masked_probe(bases, tmp_path):
+    text = str(bases / "text.txt")
+    spec = BaseSpec(
+        name="minilm", length=32, eval_tokens=256, variants=("alibi",), baseline=False, train_data=text, heldout=(text,),
+        multiples=(1, 4), budget=Budget(steps=1, batch_size=1, lr=1e-3, warmup_steps=0, eval_every=1),
+        probe=Probe(span=8, multiples=(0.5, 2), spans=2), probe_untrained=True,
+    )
+    study = Study((spec,), tmp_path / "work", tmp_path / "results")
+    study.original = lambda spec: bases / "bert"  # the tiny BERT with an MLM head stands in for MiniLM + head
+    summary = study.run("x")
+    out = tmp_path / "results" / "minilm" / "quick"
+    after = Results.load(out / "trained" / f"{set_name(text)}.json")
+    floor = after.models["original, mask seed 1"].metrics["mlm_loss"]
+    assert floor != after.models["original"].metrics["mlm_loss"]  # other masks, other numbers: the noise floor
+    probe = json.loads((out / "probe.json").read_text())
+    assert set(probe["models"]) == {"original", "alibi (step 0)", "alibi"} and probe["models"]["alibi"]["kind"] == "masked"
+    assert "mask seed 1" in summary and "| alibi |" in summary

@@ -60,7 +60,7 @@ def metric_table(spec, step0: Results | None, after: Results, causal: bool) -> l
     for name, result in after.models.items():
         first = step0.models.get(name) if step0 is not None else None
         untrained = [scored_cell(first, i, causal) if first is not None and first is not result else "" for i in range(len(early))]
-        if first is not None and name in ("original", "original (sliding)"):
+        if first is not None and name in ("original", "original (sliding)", "original, mask seed 1"):
             untrained = ["(same)"] * len(early)
         lines.append(_row([name] + untrained + [scored_cell(result, i, causal) for i in range(len(lengths))]))
     return lines
@@ -101,7 +101,8 @@ def base_summary(spec, step0: dict | None, after: dict, curves: dict, probe: dic
             "length, ± the standard error over windows. `step 0`: untrained, right after the patch. `original` reads past its "
             "limit in pieces" + ("; `original (sliding)` and every variant past its own limit read with a sliding window." if causal
                                  else "; so does every variant past its own limit.")
-            + (f" `original trained`: the original trained the same {steps} steps at {spec.length} tokens." if spec.baseline else ""),
+            + (f" `original trained`: the original trained the same {steps} steps at {spec.length} tokens." if spec.baseline else "")
+            + ("" if causal else " `original, mask seed 1`: the original with other masked tokens, the noise floor of this table."),
             "", *metric_table(spec, (step0 or {}).get(data), results, causal), "",
         ]
     if probe is not None:

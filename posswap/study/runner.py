@@ -117,9 +117,9 @@ class Study:
                 return default
             print("posswap study: no reference GPT-2 yet; pretraining it first (about 60 min on 2 CPU cores).")
             return self._timed("gpt2/reference", pretrain_reference)
-        if spec.name == "minilm":  # MiniLM ships without an MLM head: one is trained at 512, the encoder frozen
+        if spec.name == "minilm":  # MiniLM ships without an MLM head: one (tied to the word embeddings) is trained at 512
             head = spec.head_budget
-            raw = self._recipe(spec, "posswap:minilm", None, self.work / "minilm" / ORIGINAL, head, head.batch_size, trainable="head")
+            raw = self._recipe(spec, "posswap:minilm", None, self.work / "minilm" / ORIGINAL, head, head.batch_size, trainable=spec.head_trainable)
             return self._timed("minilm/head", self._train, raw, None)
         raise ValueError(f"Unknown base {spec.name!r}.")
 

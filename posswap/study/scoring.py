@@ -12,6 +12,7 @@ from .plan import BaseSpec
 ORIGINAL = "original"
 SLIDING = "original (sliding)"
 BASELINE = "original trained"
+OTHER_MASKS = "original, mask seed 1"
 
 
 def set_name(data: str) -> str:
@@ -38,17 +39,19 @@ class Scorer:
     def __init__(self, spec: BaseSpec, tokenizer, causal: bool, device=None):
         self.spec, self.tokenizer, self.causal, self.device = spec, tokenizer, causal, device
 
-    def _evaluate(self, models: dict, lengths: list[int], data: str, beyond: str) -> Results:
-        return evaluate(models, self.tokenizer, lengths, data, beyond=beyond, max_tokens=self.spec.eval_tokens, device=self.device)
+    def _evaluate(self, models: dict, lengths: list[int], data: str, beyond: str, seed: int = 0) -> Results:
+        return evaluate(models, self.tokenizer, lengths, data, beyond=beyond, max_tokens=self.spec.eval_tokens, device=self.device, seed=seed)
 
     def originals(self, original: Path, lengths: list[int]) -> dict[str, Results]:
         """Per held-out set: the original past its limit read in pieces (truncate) and, causal, with a sliding
-        window."""
+        window; masked, also with other masks (the noise floor: the same model, other masked tokens)."""
         scored = {}
         for data in self.spec.heldout:
             results = self._evaluate({ORIGINAL: str(original)}, lengths, data, "truncate")
             if self.causal:
                 results.models.update(self._evaluate({SLIDING: str(original)}, lengths, data, "sliding").models)
+            else:
+                results.models.update(self._evaluate({OTHER_MASKS: str(original)}, lengths, data, "truncate", seed=1).models)
             scored[data] = results
         return scored
 
