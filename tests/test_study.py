@@ -136,6 +136,12 @@ def test_tiny_study_writes_results_and_reuses_finished_runs(bases, tmp_path, cap
     assert weights.stat().st_mtime_ns == stamp  # the quick run is left alone
 
 
+def test_long_phase_without_the_quick_one_is_refused_before_anything_trains(tmp_path, capsys):
+    assert main(["study", "--budget", "long", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "r")]) == 2
+    assert "run `posswap study --budget quick` first" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
+
+
 def test_missing_reference_is_a_clear_error(tmp_path):
     spec = select("full", ["gpt2"], ["copy"], 1)[0]
     with pytest.raises(ValueError, match="--reference .*config.json missing"):

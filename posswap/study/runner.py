@@ -234,6 +234,9 @@ class Study:
             return "\n\n".join(self.report_base(spec)["summary"] for spec in self.specs)
         if self.device is not None and torch.device(self.device).type == "cpu":
             os.environ["ACCELERATE_USE_CPU"] = "true"  # training too, not only scoring, stays off the GPU
+        for spec in self.specs:
+            if spec.phase == "long":
+                self.best_of_quick(spec)  # the quick results must be there before anything trains
         started = time.perf_counter()
         summaries = [self.run_base(spec) for spec in self.specs]
         wall = time.perf_counter() - started
