@@ -83,7 +83,7 @@ def test_summary_shows_step0_trained_errors_and_the_crossover_step():
     assert crossover_step([(2, 5.2)], 5.0) is None
 
 
-def test_tiny_study_writes_results_and_reuses_finished_runs(bases, tmp_path, capsys):
+def test_tiny_study_writes_results_and_reuses_finished_runs(bases, tmp_path, capsys, monkeypatch):
     text = str(bases / "text.txt")
     spec = BaseSpec(
         name="gpt2", length=32, eval_tokens=256, variants=("copy", "t5-bias"), train_data=text, heldout=(text, text), multiples=(1, 4, 8),
@@ -122,7 +122,10 @@ def test_tiny_study_writes_results_and_reuses_finished_runs(bases, tmp_path, cap
     weights = tmp_path / "work" / "gpt2" / "quick" / "copy" / "model" / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
     capsys.readouterr()
-    Study((spec,), tmp_path / "work", tmp_path / "results", reference=bases / "gpt2").run("again")
+    with monkeypatch.context() as scored_again:  # every score is in the work folder: nothing is scored twice
+        scored_again.setattr("posswap.study.scoring.evaluate", lambda *a, **k: pytest.fail("scored again"))
+        scored_again.setattr("posswap.evaluation.repeat.repeat_probe", lambda *a, **k: pytest.fail("probed again"))
+        assert Study((spec,), tmp_path / "work", tmp_path / "results", reference=bases / "gpt2").run("again").startswith(summary.split("\n\nWall")[0])
     assert "already trained with this recipe" in capsys.readouterr().out
     assert weights.stat().st_mtime_ns == stamp
     assert json.loads((out / "curves.json").read_text())["curves"] == curves["curves"]

@@ -57,6 +57,19 @@ def _device_of(model) -> torch.device:
     return next(model.parameters()).device
 
 
+class Untrained:
+    """A variant right after the patch, built when scored; ``raw`` (its recipe) says what it is."""
+
+    def __init__(self, raw: dict):
+        self.raw = raw
+
+    def __call__(self):
+        from ..training.loop import load_patched_model
+        from ..training.recipe import recipe_from_dict
+
+        return load_patched_model(recipe_from_dict(self.raw))[0]
+
+
 class Study:
     def __init__(self, specs: tuple[BaseSpec, ...], work: Path, out: Path, reference: Path | None = None, device: str | None = None):
         self.specs, self.work, self.out = specs, Path(work), Path(out)
@@ -138,9 +151,6 @@ class Study:
     def run_base(self, spec: BaseSpec) -> dict:
         from transformers import AutoTokenizer
 
-        from ..training.loop import load_patched_model
-        from ..training.recipe import recipe_from_dict
-
         original = self.original(spec)
         tokenizer = AutoTokenizer.from_pretrained(original)
         causal = spec.name == "gpt2"
@@ -149,10 +159,10 @@ class Study:
         variants = spec.variants if spec.phase == "quick" else self.best_of_quick(spec)
         work = self.work / spec.name / spec.phase
         raws = {name: self._recipe(spec, str(original), variant_patch(name, spec.length), work / name, budget, budget.batch_size, window) for name in variants}
-        scorer = Scorer(spec, tokenizer, causal, self.device)
+        scorer = Scorer(spec, tokenizer, causal, self.device, cache=self.work / spec.name / "scores")
 
         originals = self._timed(f"{spec.name}/eval original", scorer.originals, original, spec.lengths)
-        untrained = {n: (lambda raw=r: load_patched_model(recipe_from_dict(raw))[0]) for n, r in raws.items()}
+        untrained = {n: Untrained(r) for n, r in raws.items()}
         if spec.phase == "quick":  # the untrained cost of each method; the long phase shows the quick one's
             step0 = self._timed(f"{spec.name}/eval step 0", scorer.variants, originals, untrained, spec.step0_lengths)
             save_sets(step0, out / "step0")

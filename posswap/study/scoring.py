@@ -3,10 +3,12 @@ memory at a time, each on the study's device."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+from dataclasses import asdict
 from pathlib import Path
 
-from ..evaluation import Results, evaluate
+from ..evaluation import ModelResults, Results, evaluate
 from .plan import BaseSpec
 
 ORIGINAL = "original"
@@ -24,6 +26,39 @@ def loss_metric(causal: bool) -> str:
     return "loss" if causal else "mlm_loss"
 
 
+def identity(model) -> dict:
+    """What a score depends on, of the model: its folder and the time its weights were written (a retrained run
+    is a new model), or, untrained, the recipe that builds it (an object with ``raw``)."""
+    if isinstance(model, (str, Path)):
+        weights = [f for f in sorted(Path(model).glob("*.safetensors"))] or [Path(model) / "config.json"]
+        return {"folder": str(Path(model).resolve()), "written": [f.stat().st_mtime_ns for f in weights]}
+    raw = getattr(model, "raw", None)
+    if raw is None:
+        raise TypeError(f"Cannot tell what {model!r} is: give a folder or an object with the recipe (raw) that builds it.")
+    return {"untrained": raw.get("posswap"), "from": str(Path(raw["model"]).resolve())}
+
+
+class ScoreCache:
+    """Scores already computed, kept as JSON files in the work folder, so an interrupted phase does not score a
+    model twice. A score is found by everything it depends on (the model's identity and the settings)."""
+
+    def __init__(self, folder: Path | None):
+        self.folder = Path(folder) if folder is not None else None
+
+    def _file(self, key: dict) -> Path:
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:24]
+        return self.folder / f"{digest}.json"
+
+    def get(self, key: dict):
+        if self.folder is None or not self._file(key).exists():
+            return None
+        return json.loads(self._file(key).read_text())["value"]
+
+    def put(self, key: dict, value) -> None:
+        if self.folder is not None:
+            write_json(self._file(key), {"key": key, "value": value})
+
+
 def _load(model):
     """A model from a folder (a trained run), a function that builds it (untrained), or the model itself."""
     from ..loading import from_pretrained
@@ -34,25 +69,38 @@ def _load(model):
 
 
 class Scorer:
-    """Scores models of one base: ``models`` maps a name to a folder or to a function that builds the model."""
+    """Scores models of one base: ``models`` maps a name to a folder or to an object that builds the model when
+    called and carries its recipe as ``raw``. With ``cache``, every score is kept there and found again."""
 
-    def __init__(self, spec: BaseSpec, tokenizer, causal: bool, device=None):
+    def __init__(self, spec: BaseSpec, tokenizer, causal: bool, device=None, cache: Path | None = None):
         self.spec, self.tokenizer, self.causal, self.device = spec, tokenizer, causal, device
+        self.cache = ScoreCache(cache)
 
     def _evaluate(self, models: dict, lengths: list[int], data: str, beyond: str, seed: int = 0) -> Results:
         return evaluate(models, self.tokenizer, lengths, data, beyond=beyond, max_tokens=self.spec.eval_tokens, device=self.device, seed=seed)
 
+    def _score(self, name: str, model, lengths: list[int], beyond: str, seed: int = 0) -> dict[str, ModelResults]:
+        """``model`` on every held-out set (loaded once, and only if some set is not in the cache)."""
+        keys = {data: {"model": identity(model), "lengths": list(lengths), "data": data, "beyond": beyond, "seed": seed,
+                       "tokens": self.spec.eval_tokens} for data in self.spec.heldout}
+        found = {data: self.cache.get(key) for data, key in keys.items()}
+        if any(value is None for value in found.values()):
+            loaded = _load(model)
+            for data, key in keys.items():
+                if found[data] is None:
+                    found[data] = asdict(self._evaluate({name: loaded}, lengths, data, beyond, seed).models[name])
+                    self.cache.put(key, found[data])
+            del loaded
+        return {data: ModelResults(**value) for data, value in found.items()}
+
     def originals(self, original: Path, lengths: list[int]) -> dict[str, Results]:
         """Per held-out set: the original past its limit read in pieces (truncate) and, causal, with a sliding
         window; masked, also with other masks (the noise floor: the same model, other masked tokens)."""
-        scored = {}
-        for data in self.spec.heldout:
-            results = self._evaluate({ORIGINAL: str(original)}, lengths, data, "truncate")
-            if self.causal:
-                results.models.update(self._evaluate({SLIDING: str(original)}, lengths, data, "sliding").models)
-            else:
-                results.models.update(self._evaluate({OTHER_MASKS: str(original)}, lengths, data, "truncate", seed=1).models)
-            scored[data] = results
+        readings = [(ORIGINAL, "truncate", 0), (SLIDING, "sliding", 0) if self.causal else (OTHER_MASKS, "truncate", 1)]
+        scored = {data: Results(lengths=list(lengths), data=data, settings={"max_tokens": self.spec.eval_tokens}) for data in self.spec.heldout}
+        for name, beyond, seed in readings:
+            for data, result in self._score(name, str(original), lengths, beyond, seed).items():
+                scored[data].models[name] = result
         return scored
 
     def variants(self, originals: dict[str, Results], models: dict, lengths: list[int]) -> dict[str, Results]:
@@ -67,10 +115,8 @@ class Scorer:
             })
             scored[data].settings["beyond"] = f"{ORIGINAL}: truncate (pieces); {'others: sliding' if self.causal else 'all: truncate'}"
         for name, model in models.items():
-            loaded = _load(model)
-            for data in self.spec.heldout:
-                scored[data].models.update(self._evaluate({name: loaded}, lengths, data, beyond).models)
-            del loaded
+            for data, result in self._score(name, model, lengths, beyond).items():
+                scored[data].models[name] = result
         return scored
 
     def probe(self, models: dict, progress: bool = True) -> dict:
@@ -86,13 +132,17 @@ class Scorer:
         device = resolve_device(self.device)
         found = {"span": probe.span, "multiples": list(probe.multiples), "length": self.spec.length, "data": self.spec.heldout_data, "models": {}}
         for name, model in models.items():
-            loaded = _load(model).eval().to(device)
-            limit = context_limit(loaded)  # past it: a sliding window (causal) or pieces (masked)
-            found["models"][name] = repeat_probe(
-                loaded, self.tokenizer, stream, span=probe.span, distances=distances,
-                spans_per_distance=probe.spans, limit=limit, progress=progress,
-            )
-            del loaded
+            key = {"model": identity(model), "probe": asdict(probe), "length": self.spec.length, "data": self.spec.heldout_data}
+            found["models"][name] = self.cache.get(key)
+            if found["models"][name] is None:
+                loaded = _load(model).eval().to(device)
+                limit = context_limit(loaded)  # past it: a sliding window (causal) or pieces (masked)
+                found["models"][name] = repeat_probe(
+                    loaded, self.tokenizer, stream, span=probe.span, distances=distances,
+                    spans_per_distance=probe.spans, limit=limit, progress=progress,
+                )
+                self.cache.put(key, found["models"][name])
+                del loaded
         return found
 
 
