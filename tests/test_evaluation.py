@@ -81,7 +81,20 @@ def test_standard_error_is_over_windows(tiny_gpt2, gpt2_tokenizer):
     with torch.no_grad():
         means = torch.tensor([tiny_gpt2(input_ids=w[None], labels=w[None]).loss.item() for w in ids.split(16)], dtype=torch.float64)
     assert results.models["tiny"].metrics["loss_se"][0] == pytest.approx((means.std() / 2).item(), rel=1e-4)
+    assert results.models["tiny"].metrics["loss_windows"][0] == pytest.approx(means.tolist(), rel=1e-5)
     assert results.models["tiny"].metrics["loss_se"][1] is None  # one window: no error to give
+
+
+def test_paired_gap_is_the_mean_and_error_of_the_differences():
+    from posswap.evaluation.harness import paired_gap
+
+    a, b = [5.0, 6.0, 7.0, 8.0], [4.9, 5.8, 6.9, 7.6]  # a model harder on the same windows: gaps 0.1, 0.2, 0.1, 0.4
+    gap, se = paired_gap(a, b)
+    differences = torch.tensor([0.1, 0.2, 0.1, 0.4], dtype=torch.float64)
+    assert gap == pytest.approx(0.2) and se == pytest.approx((differences.std() / 2).item())
+    assert se < (torch.tensor(a).std() / 2).item() / 5  # far below either model's own spread
+    with pytest.raises(ValueError, match="Paired windows"):
+        paired_gap(a, b[:3])
 
 
 def test_local_files_and_bad_specs(tmp_path):

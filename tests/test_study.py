@@ -81,6 +81,11 @@ def test_summary_shows_step0_trained_errors_and_the_crossover_step():
     assert "| copy | 7.000 | 5.2000 | 4.7000 | 4 | 4 |" in text  # below the original at step 4; below the trained one at 4
     assert crossover_step([(2, 5.2), (4, 4.7)], 5.0) == 4
     assert crossover_step([(2, 5.2)], 5.0) is None
+    windows = {"copy": [4.6, 4.8], "original trained": [4.9, 5.0]}  # at 128 tokens: gaps 0.3, 0.2
+    for name, w in windows.items():
+        after.models[name].metrics["loss_windows"] = [None, None, w, None]
+    text = base_summary(spec, {"x": step0}, {"x": after}, curves, None, causal=True)
+    assert "gap to the best ± paired standard error: `copy` 4.700; `original trained` +0.250 ± 0.050." in text
 
 
 def test_tiny_study_writes_results_and_reuses_finished_runs(bases, tmp_path, capsys, monkeypatch):

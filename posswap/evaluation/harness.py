@@ -149,7 +149,7 @@ def _tokenizer(tokenizer, models):
 
 
 def _score_causal(model, name, stream, lengths, result, stride, beyond, max_tokens, progress):
-    losses, errors, read_as, buckets = [], [], [], []
+    losses, errors, per_window, read_as, buckets = [], [], [], [], []
     for length in tqdm(lengths, desc=f"{name}: perplexity", disable=not progress):
         if stride is not None:
             # The perplexity guide over the whole budget: windows of `length` (or the model's own, past it).
@@ -165,11 +165,13 @@ def _score_causal(model, name, stream, lengths, result, stride, beyond, max_toke
         if stride is not None:  # one long read: blocks of `length` stream tokens stand in for windows
             window_of = scored.position // length
         losses.append(scored.mean())
-        errors.append(standard_error(scored.nll, window_of))
+        per_window.append(window_means(scored.nll, window_of))
+        errors.append(standard_error(per_window[-1]))
         read_as.append(how)
         buckets.append(_buckets(scored.nll, position, length))
     result.metrics["loss"] = losses
     result.metrics["loss_se"] = errors
+    result.metrics["loss_windows"] = per_window
     result.metrics["ppl"] = [math.exp(v) if v < 700 else math.inf for v in losses]
     result.metrics["read_as"] = read_as
     result.per_position = buckets
@@ -177,17 +179,18 @@ def _score_causal(model, name, stream, lengths, result, stride, beyond, max_toke
 
 def _score_masked(model, name, tokenizer, stream, lengths, result, seed, max_tokens, progress):
     special = tokenizer.num_special_tokens_to_add()
-    loss, errors, accuracy, read_as, buckets = [], [], [], [], []
+    loss, errors, per_window, accuracy, read_as, buckets = [], [], [], [], [], []
     for length in tqdm(lengths, desc=f"{name}: masked LM", disable=not progress):
         content = windows(stream, length - special, max_tokens)
         masked = mask_windows([with_special_tokens(w, tokenizer) for w in content], tokenizer, seed)
         scores, how = masked_lm_scores(model, masked, result.limit)
         loss.append(scores.loss)
-        errors.append(standard_error(scores.nll, scores.window))
+        per_window.append(window_means(scores.nll, scores.window))
+        errors.append(standard_error(per_window[-1]))
         accuracy.append(scores.accuracy)
         read_as.append(how)
         buckets.append(_buckets(scores.nll, scores.position, length))
-    result.metrics.update(mlm_loss=loss, mlm_loss_se=errors, mlm_accuracy=accuracy, read_as=read_as)
+    result.metrics.update(mlm_loss=loss, mlm_loss_se=errors, mlm_loss_windows=per_window, mlm_accuracy=accuracy, read_as=read_as)
     result.per_position = buckets
 
 
@@ -212,13 +215,27 @@ def _passkey(model, name, tokenizer, lengths, limit, trials, depths, seed, progr
     return {"depths": list(depths), "trials": trials, "accuracy": accuracy}
 
 
-def standard_error(nll: torch.Tensor, window: torch.Tensor) -> float | None:
-    """Standard error of the mean loss, from the spread of the per-window means (tokens within a window are not
-    independent; windows of different text nearly are). None with fewer than two windows."""
-    means = torch.stack([nll[window == w].mean() for w in window.unique()]).double()
-    if len(means) < 2:
+def window_means(nll: torch.Tensor, window: torch.Tensor) -> list[float]:
+    """Mean loss of each window, in window order: kept in the results, so that two models read on the same
+    windows can be compared pair by pair (:func:`paired_gap`)."""
+    return [nll[window == w].double().mean().item() for w in window.unique()]
+
+
+def standard_error(values: list[float]) -> float | None:
+    """Standard error of the mean of ``values`` (per-window means: tokens within a window are not independent;
+    windows of different text nearly are). None with fewer than two."""
+    if len(values) < 2:
         return None
-    return (means.std() / len(means) ** 0.5).item()
+    return (torch.tensor(values, dtype=torch.float64).std() / len(values) ** 0.5).item()
+
+
+def paired_gap(a: list[float], b: list[float]) -> tuple[float, float | None]:
+    """Mean of ``a - b`` over the same windows and its standard error: the noise of a comparison between two
+    models, much smaller than either model's own error when both find the same windows hard."""
+    if len(a) != len(b):
+        raise ValueError(f"Paired windows must match: {len(a)} against {len(b)}.")
+    differences = [x - y for x, y in zip(a, b)]
+    return sum(differences) / len(differences), standard_error(differences)
 
 
 def _buckets(nll: torch.Tensor, position: torch.Tensor, length: int) -> dict:

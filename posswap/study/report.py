@@ -66,6 +66,29 @@ def metric_table(spec, step0: Results | None, after: Results, causal: bool) -> l
     return lines
 
 
+def ranking(results: Results, length: int, causal: bool, names) -> str | None:
+    """The models ``names`` at ``length``, best first, each with its loss gap to the best ± the paired standard
+    error (the same windows for every model): a gap under about two of those is not a difference."""
+    from ..evaluation.harness import paired_gap
+
+    metric, i = loss_metric_name(causal), results.lengths.index(length)
+    windows = {n: results.models[n].metrics.get(f"{metric}_windows") for n in names if n in results.models}
+    windows = {n: w[i] for n, w in windows.items() if w is not None and w[i] is not None}
+    if len(windows) < 2:
+        return None
+    order = sorted(windows, key=lambda n: results.models[n].metrics[metric][i])
+    best = order[0]
+    gaps = [f"`{best}` {results.models[best].metrics[metric][i]:.3f}"]
+    for name in order[1:]:
+        gap, se = paired_gap(windows[name], windows[best])
+        gaps.append(f"`{name}` +{gap:.3f}" + (f" ± {se:.3f}" if se is not None else ""))
+    return f"Ranked by {metric} at {length} tokens, gap to the best ± paired standard error: " + "; ".join(gaps) + "."
+
+
+def loss_metric_name(causal: bool) -> str:
+    return "loss" if causal else "mlm_loss"
+
+
 def probe_table(probe: dict) -> list[str]:
     """Loss drop on the repeated span (reference minus repeat), ± its standard error over spans, per distance."""
     multiples = probe["multiples"]
@@ -105,6 +128,8 @@ def base_summary(spec, step0: dict | None, after: dict, curves: dict, probe: dic
             + ("" if causal else " `original, mask seed 1`: the original with other masked tokens, the noise floor of this table."),
             "", *metric_table(spec, (step0 or {}).get(data), results, causal), "",
         ]
+        ranked = [ranking(results, n, causal, list(spec.variants) + ["original (sliding)", "original trained"]) for n in results.lengths[1:]]
+        lines += [f"- {line}" for line in ranked if line] + ([""] if any(ranked) else [])
     if probe is not None:
         lines += [_probe_text(probe, causal), "", *probe_table(probe), ""]
     lines += crossover_lines(spec, curves, step0)

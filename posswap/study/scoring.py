@@ -59,6 +59,13 @@ class ScoreCache:
             write_json(self._file(key), {"key": key, "value": value})
 
 
+def _with_windows(value: dict | None) -> dict | None:
+    """A cached score from before the per-window losses were kept counts as missing: comparisons need them."""
+    if value is None or not any(name.endswith("_windows") for name in value["metrics"]):
+        return None
+    return value
+
+
 def _load(model):
     """A model from a folder (a trained run), a function that builds it (untrained), or the model itself."""
     from ..loading import from_pretrained
@@ -83,7 +90,7 @@ class Scorer:
         """``model`` on every held-out set (loaded once, and only if some set is not in the cache)."""
         keys = {data: {"model": identity(model), "lengths": list(lengths), "data": data, "beyond": beyond, "seed": seed,
                        "tokens": self.spec.eval_tokens} for data in self.spec.heldout}
-        found = {data: self.cache.get(key) for data, key in keys.items()}
+        found = {data: _with_windows(self.cache.get(key)) for data, key in keys.items()}
         if any(value is None for value in found.values()):
             loaded = _load(model)
             for data, key in keys.items():
