@@ -121,7 +121,7 @@ def test_tiny_study_writes_results_and_reuses_finished_runs(bases, tmp_path, cap
     assert Study((spec,), tmp_path / "elsewhere", tmp_path / "results").run("x", report_only=True) == summary.split("\n\nWall time")[0]
     with pytest.raises(ValueError, match="No finished quick study of gpt2"):
         Study((spec,), tmp_path / "work", tmp_path / "no-results").run("x", report_only=True)
-    record = json.loads((tmp_path / "results" / "study-quick.json").read_text())
+    record = json.loads((out / "study.json").read_text())
     assert record["command"] == "posswap study (test)" and "gpt2/train copy" in record["timings_s"]
 
     weights = tmp_path / "work" / "gpt2" / "quick" / "copy" / "model" / "model.safetensors"
