@@ -179,3 +179,19 @@ def bases(tmp_path_factory, minilm_path):
     transformers.BertForMaskedLM(config).save_pretrained(root / "bert")
     bert_tok.save_pretrained(root / "bert")
     return root
+
+
+class InputRecorder(torch.nn.Module):
+    """Wraps a model and keeps every batch of input ids it is given (on the CPU), to check what a harness fed it."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.config, self.seen = model, model.config, []
+        self.base_model = model.base_model  # what find_sites reads
+
+    def get_output_embeddings(self):
+        return self.model.get_output_embeddings()
+
+    def forward(self, input_ids):
+        self.seen.append(input_ids.clone().cpu())
+        return self.model(input_ids=input_ids)

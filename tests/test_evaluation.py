@@ -11,6 +11,7 @@ import matplotlib.image
 import pytest
 import torch
 import transformers
+from conftest import InputRecorder as Recorder
 from conftest import make_model, token_ids
 from torch import nn
 
@@ -170,22 +171,6 @@ def test_a_tokenizer_that_does_not_fit_the_model_is_named(gpt2_tokenizer):
 
 
 # --- masked LM ---------------------------------------------------------------------------------------------
-
-
-class Recorder(nn.Module):
-    """Wraps a model and keeps every input it is given."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model, self.config, self.seen = model, model.config, []
-        self.base_model = model.base_model  # what find_sites reads
-
-    def get_output_embeddings(self):
-        return self.model.get_output_embeddings()
-
-    def forward(self, input_ids):
-        self.seen.append(input_ids.clone())
-        return self.model(input_ids=input_ids)
 
 
 class Oracle(nn.Module):

@@ -13,6 +13,8 @@ import torch.nn.functional as F
 import transformers
 from torch import nn
 
+from conftest import InputRecorder as Recorder
+
 from posswap.evaluation import repeat_probe
 from posswap.evaluation.plots import plot_repeat
 from posswap.evaluation.repeat import draw_trials, repeat_probe_causal, repeat_probe_masked
@@ -46,22 +48,6 @@ def bert_tokenizer(tmp_path_factory):
     path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
     path.write_text("\n".join(SPECIALS + [f"w{i}" for i in range(VOCAB - len(SPECIALS))]) + "\n")
     return transformers.BertTokenizerFast(vocab_file=str(path))
-
-
-class Recorder(nn.Module):
-    """Wraps a model and keeps every batch of inputs it is given."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model, self.config, self.seen = model, model.config, []
-        self.base_model = model.base_model  # what find_sites reads
-
-    def get_output_embeddings(self):
-        return self.model.get_output_embeddings()
-
-    def forward(self, input_ids):
-        self.seen.append(input_ids.clone().cpu())
-        return self.model(input_ids=input_ids)
 
 
 class Copier(nn.Module):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..evaluation import Results
 from ..evaluation.plots import plt, save_figure
+from .scoring import loss_metric
 
 NAMES = {"gpt2": "Reference GPT-2", "minilm": "MiniLM (all-MiniLM-L6-v2 + MLM head)"}
 SETS = {"posswap:austen-heldout": "*Persuasion* (fiction, same author as training)",
@@ -71,7 +72,7 @@ def ranking(results: Results, length: int, causal: bool, names) -> str | None:
     error (the same windows for every model): a gap under about two of those is not a difference."""
     from ..evaluation.harness import paired_gap
 
-    metric, i = loss_metric_name(causal), results.lengths.index(length)
+    metric, i = loss_metric(causal), results.lengths.index(length)
     windows = {n: results.models[n].metrics.get(f"{metric}_windows") for n in names if n in results.models}
     windows = {n: w[i] for n, w in windows.items() if w is not None and w[i] is not None}
     if len(windows) < 2:
@@ -83,10 +84,6 @@ def ranking(results: Results, length: int, causal: bool, names) -> str | None:
         gap, se = paired_gap(windows[name], windows[best])
         gaps.append(f"`{name}` +{gap:.3f}" + (f" ± {se:.3f}" if se is not None else ""))
     return f"Ranked by {metric} at {length} tokens, gap to the best ± paired standard error: " + "; ".join(gaps) + "."
-
-
-def loss_metric_name(causal: bool) -> str:
-    return "loss" if causal else "mlm_loss"
 
 
 def probe_table(probe: dict) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from ..evaluation import ModelResults, Results, evaluate
@@ -30,7 +30,7 @@ def identity(model) -> dict:
     """What a score depends on, of the model: its folder and the time its weights were written (a retrained run
     is a new model), or, untrained, the recipe that builds it (an object with ``raw``)."""
     if isinstance(model, (str, Path)):
-        weights = [f for f in sorted(Path(model).glob("*.safetensors"))] or [Path(model) / "config.json"]
+        weights = sorted(Path(model).glob("*.safetensors")) or [Path(model) / "config.json"]
         return {"folder": str(Path(model).resolve()), "written": [f.stat().st_mtime_ns for f in weights]}
     raw = getattr(model, "raw", None)
     if raw is None:
@@ -155,8 +155,6 @@ class Scorer:
 
 def _at(result, keep: list[int]):
     """A model's results at some of its lengths (the originals are scored once, at every length)."""
-    from dataclasses import replace
-
     metrics = {k: [v[i] for i in keep] if isinstance(v, list) and len(v) > max(keep) else v for k, v in result.metrics.items()}
     per_position = [result.per_position[i] for i in keep] if len(result.per_position) > max(keep) else result.per_position
     return replace(result, metrics=metrics, per_position=per_position, passkey=None)
