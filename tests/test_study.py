@@ -15,7 +15,7 @@ from posswap.evaluation import ModelResults, Results
 from posswap.study import Study, select
 from posswap.study.plan import FULL, VARIANTS, BaseSpec, Budget, Probe, variant_patch
 from posswap.study.scoring import set_name
-from posswap.study.report import base_summary, crossover_step
+from posswap.study.report import base_summary, crossover_step, probe_check
 
 
 def test_variants_reach_4x_and_methods_without_a_table_are_patched_to_8x():
@@ -86,6 +86,16 @@ def test_summary_shows_step0_trained_errors_and_the_crossover_step():
         after.models[name].metrics["loss_windows"] = [None, None, w, None]
     text = base_summary(spec, {"x": step0}, {"x": after}, curves, None, causal=True)
     assert "gap to the best ± paired standard error: `copy` 4.700; `original trained` +0.250 ± 0.050." in text
+
+
+def test_probe_check_warns_only_when_the_original_does_not_read_back_inside_its_window():
+    def probe(drop, se):  # multiples 0.25x, 0.5x inside the window, 3x outside
+        return {"multiples": [0.25, 0.5, 3], "models": {"original": {"drop": drop, "drop_se": se}}}
+    assert probe_check(probe([0.9, 0.4, 0.0], [0.1, 0.1, 0.1])) is None  # reads back at 0.25x: the probe works
+    assert probe_check(probe([0.3, 0.02, 0.0], [0.1, 0.1, 0.1])) is None  # 3 se at 0.25x is enough
+    warning = probe_check(probe([0.04, -0.06, 5.0], [0.02, 0.03, 0.1]))  # 2 se exactly is not; 3x does not count
+    assert "does not work on this model" in warning and "0.04 ± 0.02 at 0.25x" in warning and "-0.06 ± 0.03 at 0.5x" in warning
+    assert probe_check({"multiples": [1.5], "models": {"original": {"drop": [0.0], "drop_se": [0.1]}}}) is None  # nothing inside
 
 
 def test_tiny_study_writes_results_and_reuses_finished_runs(bases, tmp_path, capsys, monkeypatch):

@@ -170,6 +170,7 @@ def test_two_process_ddp_on_cpu(bases, tmp_path):
         (lambda r: r["posswap"].update(max_length="4k"), "max_length must be a positive integer"),
         (lambda r: r["train"].update(trainable="half"), "train.trainable must be one of"),
         (lambda r: r["train"].update(pose_window=128), "pose_window"),
+        (lambda r: r["train"].update(position_lr=0), "train.position_lr"),
     ],
 )
 def test_bad_recipe_is_refused_and_writes_nothing(bases, tmp_path, capsys, change, message):
@@ -233,3 +234,15 @@ def test_streaming_local_jsonl(bases, tmp_path):
     final = run(raw, resume=True)
     assert [json.loads(line)["step"] for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
     assert posswap.from_pretrained(str(final)).config.posswap["method"] == "interpolate"
+
+
+def test_position_lr_moves_position_parameters_at_their_own_rate(bases, tmp_path):
+    """A new T5 bias starts at zero and Adam moves a weight about lr per step: at a fine-tuning lr it stays near zero.
+    train.position_lr gives the position parameters their own rate; every other weight keeps train.lr."""
+    raw = make_raw(bases, tmp_path / "run", "gpt2", "t5-bias", max_steps=3, lr=1e-7, position_lr=1e-2, save_every=100)
+    weights, base = load_file(run(raw) / "model.safetensors"), load_file(bases / "gpt2" / "model.safetensors")
+    bias = {k for k in weights if "posswap_bias_providers" in k}
+    assert bias and bias.isdisjoint(base)
+    assert max(weights[k].abs().max().item() for k in bias) > 5e-3  # Adam: about 1e-2 x (1 + 0.75 + 0.25 cosine)
+    moved = max((weights[k] - base[k]).abs().max().item() for k in base if k in weights and weights[k].shape == base[k].shape)
+    assert moved < 1e-5  # everything else at about lr per step

@@ -95,6 +95,23 @@ def probe_table(probe: dict) -> list[str]:
     return lines
 
 
+def probe_check(probe: dict, reader: str = "original") -> str | None:
+    """The probe means something only if the original reads a repeat back inside its own window: a drop of more
+    than two standard errors at some d < 1x. Otherwise a warning line, so no one reads the table as evidence."""
+    found = probe["models"].get(reader)
+    inside = [i for i, m in enumerate(probe["multiples"]) if m < 1]
+    if found is None or not inside:
+        return None
+    if any(found["drop_se"][i] is not None and found["drop"][i] > 2 * found["drop_se"][i] for i in inside):
+        return None
+    shown = ", ".join(f"{with_error(found['drop'][i], found['drop_se'][i], 2)} at {probe['multiples'][i]:g}x" for i in inside)
+    return (
+        f"**The probe does not work on this model:** `{reader}` shows no drop beyond two standard errors inside its own "
+        f"window ({shown}), so it does not read a repeat back even where it can see it, and this table cannot tell the "
+        "methods apart."
+    )
+
+
 def _probe_text(probe: dict, causal: bool) -> str:
     what = (
         "loss on the first occurrence minus loss on the second" if causal
@@ -128,7 +145,8 @@ def base_summary(spec, step0: dict | None, after: dict, curves: dict, probe: dic
         ranked = [ranking(results, n, causal, list(spec.variants) + ["original (sliding)", "original trained"]) for n in results.lengths[1:]]
         lines += [f"- {line}" for line in ranked if line] + ([""] if any(ranked) else [])
     if probe is not None:
-        lines += [_probe_text(probe, causal), "", *probe_table(probe), ""]
+        warning = probe_check(probe)
+        lines += [_probe_text(probe, causal), "", *probe_table(probe), "", *([warning, ""] if warning else [])]
     lines += crossover_lines(spec, curves, step0)
     return "\n".join(lines)
 

@@ -52,6 +52,7 @@ class TrainSpec:
     batch_size: int = 1
     grad_accum: int = 1
     lr: float = 1e-4
+    position_lr: float | None = None  # position parameters (table, T5 buckets, TUPE) at their own rate; None: lr
     weight_decay: float = 0.01
     warmup_steps: int = 0
     mixed_precision: str = "no"
@@ -77,6 +78,8 @@ class TrainSpec:
             check_positive_int(f"train.{name}", getattr(self, name))
         check_number("train.warmup_steps", self.warmup_steps, minimum=0, integer=True)
         check_number("train.lr", self.lr, above=0)
+        if self.position_lr is not None:
+            check_number("train.position_lr", self.position_lr, above=0)
         check_number("train.weight_decay", self.weight_decay, minimum=0)
         check_number("train.mlm_probability", self.mlm_probability, above=0, below=1)
         check_number("train.seed", self.seed, minimum=0, maximum=2**32 - 1, integer=True)  # numpy's seed range
