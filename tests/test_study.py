@@ -93,6 +93,7 @@ def test_probe_check_warns_only_when_the_original_does_not_read_back_inside_its_
         return {"multiples": [0.25, 0.5, 3], "models": {"original": {"drop": drop, "drop_se": se}}}
     assert probe_check(probe([0.9, 0.4, 0.0], [0.1, 0.1, 0.1])) is None  # reads back at 0.25x: the probe works
     assert probe_check(probe([0.3, 0.02, 0.0], [0.1, 0.1, 0.1])) is None  # 3 se at 0.25x is enough
+    assert "does not work" in probe_check(probe([0.03, 0.02, 0.0], [0.005, 0.005, 0.1]))  # 6 se, but 0.03 nats is no copy
     warning = probe_check(probe([0.04, -0.06, 5.0], [0.02, 0.03, 0.1]))  # 2 se exactly is not; 3x does not count
     assert "does not work on this model" in warning and "0.04 ± 0.02 at 0.25x" in warning and "-0.06 ± 0.03 at 0.5x" in warning
     assert probe_check({"multiples": [1.5], "models": {"original": {"drop": [0.0], "drop_se": [0.1]}}}) is None  # nothing inside
@@ -144,6 +145,9 @@ def test_tiny_study_writes_results_and_reuses_finished_runs(bases, tmp_path, cap
     assert "already trained with this recipe" in capsys.readouterr().out
     assert weights.stat().st_mtime_ns == stamp
     assert json.loads((out / "curves.json").read_text())["curves"] == curves["curves"]
+    rerun = json.loads((out / "study.json").read_text())  # the rerun's record keeps the first run's timings
+    assert rerun["command"] == "again" and [r["command"] for r in rerun["earlier_runs"]] == ["posswap study (test)"]
+    assert rerun["earlier_runs"][0]["timings_s"] == record["timings_s"]
 
     # The long phase trains the quick table's best variants (by loss at 4x), longer.
     long = replace(spec, phase="long", budget=replace(spec.budget, steps=3), baseline=False)

@@ -95,19 +95,27 @@ def probe_table(probe: dict) -> list[str]:
     return lines
 
 
+MIN_COPY_DROP = 0.1  # nats: a model that copies gains several on a repeated span; a few hundredths is not copying
+
+
 def probe_check(probe: dict, reader: str = "original") -> str | None:
-    """The probe means something only if the original reads a repeat back inside its own window: a drop of more
-    than two standard errors at some d < 1x. Otherwise a warning line, so no one reads the table as evidence."""
+    """The probe means something only if the original reads a repeat back inside its own window: a drop of at least
+    ``MIN_COPY_DROP`` and more than two standard errors at some d < 1x. Otherwise a warning line, so no one reads
+    the table as evidence."""
     found = probe["models"].get(reader)
     inside = [i for i, m in enumerate(probe["multiples"]) if m < 1]
     if found is None or not inside:
         return None
-    if any(found["drop_se"][i] is not None and found["drop"][i] > 2 * found["drop_se"][i] for i in inside):
+    def reads_back(i: int) -> bool:
+        drop, se = found["drop"][i], found["drop_se"][i]
+        return se is not None and drop >= MIN_COPY_DROP and drop > 2 * se
+
+    if any(reads_back(i) for i in inside):
         return None
     shown = ", ".join(f"{with_error(found['drop'][i], found['drop_se'][i], 2)} at {probe['multiples'][i]:g}x" for i in inside)
     return (
-        f"**The probe does not work on this model:** `{reader}` shows no drop beyond two standard errors inside its own "
-        f"window ({shown}), so it does not read a repeat back even where it can see it, and this table cannot tell the "
+        f"**The probe does not work on this model:** `{reader}` shows no drop of {MIN_COPY_DROP} nats and two standard errors "
+        f"inside its own window ({shown}), so it does not read a repeat back even where it can see it, and this table cannot tell the "
         "methods apart."
     )
 

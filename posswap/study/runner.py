@@ -251,7 +251,7 @@ class Study:
         for spec in self.specs:  # each base's record beside its results: phases and bases run in separate commands
             begun = time.perf_counter()
             summaries.append(self.run_base(spec))
-            write_json(self.out / spec.name / spec.phase / "study.json", {
+            record_run(self.out / spec.name / spec.phase / "study.json", {
                 "command": command, "phase": spec.phase, "wall_minutes": round((time.perf_counter() - begun) / 60, 1),
                 "timings_s": {k: v for k, v in self.timings.items() if k.startswith(f"{spec.name}/")},
                 "hardware": hardware(self.device), "spec": summaries[-1]["spec"],
@@ -259,6 +259,16 @@ class Study:
         wall = time.perf_counter() - started
         text = "\n\n".join(s["summary"] for s in summaries)
         return f"{text}\n\nWall time {wall / 60:.1f} min on {hardware(self.device)['description']}; files in {self.out}/."
+
+
+def record_run(path: Path, record: dict) -> Path:
+    """Write this run's record, keeping the earlier runs' records under ``earlier_runs``: a rerun that reuses the
+    trained models takes minutes, and must not replace the timing of the run that trained them."""
+    earlier = []
+    if path.is_file():
+        previous = json.loads(path.read_text())
+        earlier = previous.pop("earlier_runs", []) + [{k: v for k, v in previous.items() if k != "spec"}]
+    return write_json(path, {**record, "earlier_runs": earlier})
 
 
 def hardware(device: str | None = None) -> dict:
