@@ -202,3 +202,7 @@ def test_resume_with_another_recipe_is_refused_unless_forced(bases, tmp_path, ca
     # The new lr is used from the checkpoint on (the checkpoint's optimizer state carried the old one).
     log = {entry["step"]: entry["lr"] for entry in map(json.loads, (tmp_path / "run" / "log.jsonl").read_text().splitlines())}
     assert log[3] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 3 / 4)))
+    # train.position_lr adds optimizer groups: the checkpoint's optimizer cannot carry over, and the error says why.
+    capsys.readouterr()
+    assert main(["train", str(path), "--resume", "--force", "--set", "train.position_lr=1e-2"]) == 2
+    assert "train.position_lr was set or unset since" in capsys.readouterr().err

@@ -155,6 +155,13 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer, scheduler, ra
             f"{path} was written by {state['world_size']} processes but this run has {world}; "
             "resume with the same number of processes (the data order depends on it)."
         )
+    optimizer_meta = _read_json(path / "optimizer.json")
+    if len(optimizer_meta["param_groups"]) != len(optimizer.param_groups):  # train.position_lr adds two groups
+        raise ValueError(
+            f"{path} was made with {len(optimizer_meta['param_groups'])} optimizer groups, this recipe builds "
+            f"{len(optimizer.param_groups)}: train.position_lr was set or unset since. Resume with the run's own "
+            "train.position_lr, or start a new run."
+        )
     weights = _read_tensors(path / "model.safetensors")
     missing = set(weights) - set(dict(model.named_parameters()))
     if missing:
@@ -163,7 +170,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer, scheduler, ra
         parameters = dict(model.named_parameters())
         for name, value in weights.items():
             parameters[name].copy_(value)
-    optimizer.load_state_dict(_optimizer_from_files(_read_tensors(path / "optimizer.safetensors"), _read_json(path / "optimizer.json")))
+    optimizer.load_state_dict(_optimizer_from_files(_read_tensors(path / "optimizer.safetensors"), optimizer_meta))
     scheduler.load_state_dict(_read_json(path / "scheduler.json"))
     rng = _read_tensors(path / f"rng-{rank}.safetensors")
     torch.set_rng_state(rng["torch"])
