@@ -7,8 +7,9 @@ import math
 from pathlib import Path
 
 from ..evaluation import Results
+from ..evaluation.harness import paired_gap
 from ..evaluation.plots import plt, save_figure
-from .scoring import loss_metric
+from .scoring import BASELINE, ORIGINAL, OTHER_MASKS, SLIDING, loss_metric
 
 NAMES = {"gpt2": "Reference GPT-2", "minilm": "MiniLM (all-MiniLM-L6-v2 + MLM head)"}
 SETS = {"posswap:austen-heldout": "*Persuasion* (fiction, same author as training)",
@@ -61,7 +62,7 @@ def metric_table(spec, step0: Results | None, after: Results, causal: bool) -> l
     for name, result in after.models.items():
         first = step0.models.get(name) if step0 is not None else None
         untrained = [scored_cell(first, i, causal) if first is not None and first is not result else "" for i in range(len(early))]
-        if first is not None and name in ("original", "original (sliding)", "original, mask seed 1"):
+        if first is not None and name in (ORIGINAL, SLIDING, OTHER_MASKS):
             untrained = ["(same)"] * len(early)
         lines.append(_row([name] + untrained + [scored_cell(result, i, causal) for i in range(len(lengths))]))
     return lines
@@ -70,8 +71,6 @@ def metric_table(spec, step0: Results | None, after: Results, causal: bool) -> l
 def ranking(results: Results, length: int, causal: bool, names) -> str | None:
     """The models ``names`` at ``length``, best first, each with its loss gap to the best ± the paired standard
     error (the same windows for every model): a gap under about two of those is not a difference."""
-    from ..evaluation.harness import paired_gap
-
     metric, i = loss_metric(causal), results.lengths.index(length)
     windows = {n: results.models[n].metrics.get(f"{metric}_windows") for n in names if n in results.models}
     windows = {n: w[i] for n, w in windows.items() if w is not None and w[i] is not None}
@@ -98,7 +97,7 @@ def probe_table(probe: dict) -> list[str]:
 MIN_COPY_DROP = 0.1  # nats: a model that copies gains several on a repeated span; a few hundredths is not copying
 
 
-def probe_check(probe: dict, reader: str = "original") -> str | None:
+def probe_check(probe: dict, reader: str = ORIGINAL) -> str | None:
     """The probe means something only if the original reads a repeat back inside its own window: a drop of at least
     ``MIN_COPY_DROP`` and more than two standard errors at some d < 1x. Otherwise a warning line, so no one reads
     the table as evidence."""
@@ -106,11 +105,8 @@ def probe_check(probe: dict, reader: str = "original") -> str | None:
     inside = [i for i, m in enumerate(probe["multiples"]) if m < 1]
     if found is None or not inside:
         return None
-    def reads_back(i: int) -> bool:
-        drop, se = found["drop"][i], found["drop_se"][i]
-        return se is not None and drop >= MIN_COPY_DROP and drop > 2 * se
-
-    if any(reads_back(i) for i in inside):
+    drops = [(found["drop"][i], found["drop_se"][i]) for i in inside]
+    if any(se is not None and drop >= MIN_COPY_DROP and drop > 2 * se for drop, se in drops):
         return None
     shown = ", ".join(f"{with_error(found['drop'][i], found['drop_se'][i], 2)} at {probe['multiples'][i]:g}x" for i in inside)
     return (
@@ -150,7 +146,7 @@ def base_summary(spec, step0: dict | None, after: dict, curves: dict, probe: dic
             + ("" if causal else " `original, mask seed 1`: the original with other masked tokens, the noise floor of this table."),
             "", *metric_table(spec, (step0 or {}).get(data), results, causal), "",
         ]
-        ranked = [ranking(results, n, causal, list(spec.variants) + ["original (sliding)", "original trained"]) for n in results.lengths[1:]]
+        ranked = [ranking(results, n, causal, [*spec.variants, SLIDING, BASELINE]) for n in results.lengths[1:]]
         lines += [f"- {line}" for line in ranked if line] + ([""] if any(ranked) else [])
     if probe is not None:
         warning = probe_check(probe)

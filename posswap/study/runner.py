@@ -247,18 +247,18 @@ class Study:
         for spec in self.specs:
             if spec.phase == "long":
                 self.best_of_quick(spec)  # the quick results must be there before anything trains
-        started, summaries = time.perf_counter(), []
+        started, summaries, machine = time.perf_counter(), [], hardware(self.device)
         for spec in self.specs:  # each base's record beside its results: phases and bases run in separate commands
             begun = time.perf_counter()
             summaries.append(self.run_base(spec))
             record_run(self.out / spec.name / spec.phase / "study.json", {
                 "command": command, "phase": spec.phase, "wall_minutes": round((time.perf_counter() - begun) / 60, 1),
                 "timings_s": {k: v for k, v in self.timings.items() if k.startswith(f"{spec.name}/")},
-                "hardware": hardware(self.device), "spec": summaries[-1]["spec"],
+                "hardware": machine, "spec": summaries[-1]["spec"],
             })
         wall = time.perf_counter() - started
         text = "\n\n".join(s["summary"] for s in summaries)
-        return f"{text}\n\nWall time {wall / 60:.1f} min on {hardware(self.device)['description']}; files in {self.out}/."
+        return f"{text}\n\nWall time {wall / 60:.1f} min on {machine['description']}; files in {self.out}/."
 
 
 def record_run(path: Path, record: dict) -> Path:

@@ -221,33 +221,35 @@ def check_same_recipe(run_dir: Path, recipe: Recipe) -> None:
         )
 
 
+def group_settings(t) -> list[tuple[float, float]]:
+    """(lr, weight decay) of each AdamW group, in order: weights (decay), then biases and norms (none); with
+    ``train.position_lr`` the same two again for the position parameters at that rate. A new T5 bias or TUPE
+    correlation starts near zero and Adam moves a weight about lr per step, so at a fine-tuning lr it barely grows
+    (measured: max |b| 0.022 after 150 steps at 3e-4)."""
+    rates = [t.lr] if t.position_lr is None else [t.lr, t.position_lr]
+    return [(rate, decay) for rate in rates for decay in (t.weight_decay, 0.0)]
+
+
 def parameter_groups(model, positions: set[int], t) -> list[dict]:
-    """AdamW's groups: weights decay, biases and norms do not; with ``train.position_lr`` the position parameters
-    (ids in ``positions``) form their own groups at that rate. A new T5 bias or TUPE correlation starts near zero,
-    and Adam moves a weight about lr per step, so at a fine-tuning lr it barely grows (measured: max |b| 0.022
-    after 150 steps at 3e-4)."""
+    """AdamW's groups as ``group_settings`` orders them; ``positions`` holds the ids of the position parameters."""
     trainable = [p for p in model.parameters() if p.requires_grad]
-    split = t.position_lr is not None
-    groups = []
-    for own_rate in ((False, True) if split else (None,)):
-        chosen = [p for p in trainable if own_rate is None or (id(p) in positions) == own_rate]
-        lr = t.position_lr if own_rate else t.lr
-        groups += [
-            {"params": [p for p in chosen if p.ndim >= 2], "weight_decay": t.weight_decay, "lr": lr},
-            {"params": [p for p in chosen if p.ndim < 2], "weight_decay": 0.0, "lr": lr},
-        ]
-    return groups
+    if t.position_lr is None:
+        kinds = [trainable]
+    else:
+        kinds = [[p for p in trainable if id(p) not in positions], [p for p in trainable if id(p) in positions]]
+    selections = [[p for p in kind if (p.ndim >= 2) == decays] for kind in kinds for decays in (True, False)]
+    return [{"params": params, "lr": lr, "weight_decay": decay} for params, (lr, decay) in zip(selections, group_settings(t))]
 
 
 def _use_recipe_rates(optimizer, scheduler, t) -> None:
     """A checkpoint's optimizer and scheduler state carry the lr and weight decay it was made with; after a
-    --force resume with other values, the recipe's apply from here (groups in ``parameter_groups``'s order)."""
-    decays = (t.weight_decay, 0.0) * (len(optimizer.param_groups) // 2)
-    rates = [t.lr, t.lr, t.position_lr, t.position_lr][: len(optimizer.param_groups)]
-    for group, decay, rate, factor in zip(optimizer.param_groups, decays, rates, scheduler.lr_lambdas):
+    --force resume with other values, the recipe's apply from here (``load_checkpoint`` has checked that the
+    groups match ``group_settings``)."""
+    settings = group_settings(t)
+    for group, (rate, decay), factor in zip(optimizer.param_groups, settings, scheduler.lr_lambdas):
         group["initial_lr"], group["weight_decay"] = rate, decay
         group["lr"] = rate * factor(scheduler.last_epoch)
-    scheduler.base_lrs = rates
+    scheduler.base_lrs = [rate for rate, _ in settings]
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
 
 
