@@ -81,6 +81,15 @@ def test_resume_after_a_kill_gives_the_same_weights(bases, tmp_path, arch, metho
     assert losses(tmp_path / "straight")[-1] == pytest.approx(losses(tmp_path / "resumed")[-1], abs=1e-5)
 
 
+def test_causal_model_names_its_loss(bases, tmp_path):
+    """Else transformers warns on the first step that loss_type=None is unrecognized (a line no user can act on)."""
+    from posswap.training.loop import load_patched_model
+
+    model, _, causal = load_patched_model(recipe_from_dict(make_raw(bases, tmp_path / "run")))
+    assert causal and model.loss_type == "ForCausalLM"
+    assert model.loss_function is transformers.loss.loss_utils.LOSS_MAPPING["ForCausalLM"]
+
+
 def test_lora_run_merges_into_a_plain_model(bases, tmp_path):
     final = run(make_raw(bases, tmp_path / "run", "gpt2", "interpolate", trainable="lora", train_norms=True, lr=1e-2))
     weights = load_file(final / "model.safetensors")

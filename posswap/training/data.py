@@ -7,6 +7,8 @@ from __future__ import annotations
 from itertools import chain
 from typing import Any
 
+import numpy as np
+
 from ..data.splits import load_text_dataset
 
 
@@ -31,3 +33,22 @@ def packed_windows(spec: str, tokenizer: Any, length: int, text_column: str = "t
     if not streaming and len(packed) == 0:
         raise ValueError(f"{spec!r} gives no window of {length} tokens; use more text or a shorter length.")
     return packed
+
+
+def with_repeated_spans(windows, fraction: float, span: int, seed: int):
+    """``windows`` where a ``fraction`` of them carry a copy of one of their spans of ``span`` tokens further on,
+    written over the text there, at a distance drawn uniformly from what fits. Window ``i``'s choice comes from
+    its own generator (seed, i), so a resumed or streamed run copies the same spans."""
+    if fraction == 0:
+        return windows
+
+    def copy_span(row: dict, index: int) -> dict:
+        rng = np.random.default_rng([seed, index])
+        ids = list(row["input_ids"])
+        if rng.random() < fraction:
+            source = int(rng.integers(0, len(ids) - 2 * span + 1))
+            target = int(rng.integers(source + span, len(ids) - span + 1))
+            ids[target : target + span] = ids[source : source + span]
+        return {"input_ids": ids}
+
+    return windows.map(copy_span, with_indices=True)

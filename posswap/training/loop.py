@@ -26,7 +26,7 @@ from ..files import check_folder_target
 from ..loading import from_pretrained, resolve_model_id, save_model_and_tokenizer
 from ..patching import patch, patched_config
 from .checkpoint import latest_checkpoint, load_checkpoint, log_lines_upto, prune_checkpoints, resumable_checkpoint, save_checkpoint
-from .data import packed_windows
+from .data import packed_windows, with_repeated_spans
 from .objectives import batch_preparer, stack_windows
 from .recipe import Recipe, recipe_differences
 from .trainable import merged, position_parameter_names, select_trainable
@@ -47,6 +47,8 @@ def load_patched_model(recipe: Recipe):
     tokenizer.model_max_length = find_sites(model).max_length
     if causal and tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if causal:  # GPT2LMHeadModel's name matches no entry of transformers' loss table: without this its first
+        model.loss_type = "ForCausalLM"  # loss warns "loss_type=None ... unrecognized" and falls back to this one
     return model, tokenizer, causal
 
 
@@ -123,6 +125,8 @@ def train(
     model, tokenizer, causal = load_patched_model(recipe)
     sites = find_sites(model)
     offset, max_length = sites.offset, sites.max_length  # the patched length, or the model's own
+    for length in t.window_lengths(max_length):  # with posswap: null, known only now
+        recipe.data.check_window(length)
     if t.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     position_names = position_parameter_names(model)  # by id: peft's wrapping renames them
@@ -159,6 +163,7 @@ def train(
             continue
         with accelerator.main_process_first():  # tokenise once; other processes reuse datasets' cache
             windows = packed_windows(recipe.data.train, tokenizer, length, recipe.data.text_column, recipe.data.streaming)
+            windows = with_repeated_spans(windows, recipe.data.repeat_fraction, recipe.data.repeat_span, t.seed)
         # Its own generator: starting an iterator must not draw from the global RNG that dropout and MLM
         # masks use, or a resumed run (which starts one mid-stream) would diverge.
         loader = DataLoader(

@@ -5,6 +5,7 @@ anything is loaded or written."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,12 +26,26 @@ class DataSpec:
     train: str = field(default="posswap:austen-train", metadata={"help": "Training text: posswap:<split>, a local file, or NAME[:CONFIG][@SPLIT]."})
     text_column: str = "text"
     streaming: bool = field(default=False, metadata={"help": "Stream a Hub dataset larger than memory."})
+    # Copying must be learned before a model can show that it reads distant tokens (the repeat probe); natural
+    # text repeats too rarely for a small model to learn it, so this share of windows gets a span copied further on.
+    repeat_fraction: float = 0.0
+    repeat_span: int = 64
 
     def validate(self) -> None:
         if not isinstance(self.train, str) or not self.train:
             raise ValueError("data.train must name the training text (posswap:austen-train, a file, or a Hub dataset).")
         check_text("data.text_column", self.text_column)
         check_bool("data.streaming", self.streaming)
+        check_number("data.repeat_fraction", self.repeat_fraction, minimum=0, maximum=1)
+        check_positive_int("data.repeat_span", self.repeat_span)
+
+    def check_window(self, length: int) -> None:
+        """A window must hold a span and its copy."""
+        if self.repeat_fraction > 0 and length < 2 * self.repeat_span:
+            raise ValueError(
+                f"data.repeat_span ({self.repeat_span}) must be at most half the training window ({length} tokens); "
+                "shorten it or set data.repeat_fraction: 0."
+            )
 
 
 @dataclass
@@ -161,6 +176,9 @@ class Recipe:
         self.data.validate()
         self.train.validate(self.max_length)
         self.eval.validate()
+        if self.max_length is not None:
+            for length in self.train.window_lengths(self.max_length):
+                self.data.check_window(length)
 
     def check_sources(self) -> None:
         """The local model, tokenizer and data files exist (Hub ids are left to the Hub). Separate from
@@ -301,7 +319,9 @@ RESUME_FREE_KEYS = (
 def recipe_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """``block.key (old -> new)`` for each key of two :meth:`Recipe.to_dict` mappings that differs and can
     change the trained weights."""
-    old, new = _flatten(old), _flatten(new)
+    # A key added to posswap after the old run was made counts as its default there.
+    defaults = _flatten(json.loads(json.dumps(Recipe(model="", posswap=None).to_dict())))
+    old, new = {**defaults, **_flatten(old)}, {**defaults, **_flatten(new)}
     missing = object()
     changed = sorted(k for k in old.keys() | new.keys() if old.get(k, missing) != new.get(k, missing))
     free = [k for k in changed if any(k == f or k.startswith(f + ".") for f in RESUME_FREE_KEYS)]
