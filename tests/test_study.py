@@ -15,7 +15,7 @@ from posswap.evaluation import ModelResults, Results
 from posswap.study import Study, select
 from posswap.study.plan import FULL, VARIANTS, BaseSpec, Budget, Probe, variant_patch
 from posswap.study.scoring import set_name
-from posswap.study.report import base_summary, crossover_step, probe_check
+from posswap.study.report import base_summary, cross_length_gap, crossover_step, probe_check
 
 
 def test_variants_reach_4x_and_methods_without_a_table_are_patched_to_8x():
@@ -86,6 +86,13 @@ def test_summary_shows_step0_trained_errors_and_the_crossover_step():
         after.models[name].metrics["loss_windows"] = [None, None, w, None]
     text = base_summary(spec, {"x": step0}, {"x": after}, curves, None, causal=True)
     assert "gap to the best ± paired standard error: `copy` 4.700; `original trained` +0.250 ± 0.050." in text
+    # At 4x against the trained original at 1x: its eight 1x windows tile the two 4x ones (group means 5.0, 5.1).
+    after.models["original trained"].metrics["loss_windows"][0] = [5.0, 4.9, 5.1, 5.0] + [5.1] * 4
+    text = base_summary(spec, {"x": step0}, {"x": after}, curves, None, causal=True)
+    assert "against `original trained` at 32, loss gap ± paired standard error over the same text" in text
+    assert "`copy` -0.350 ± 0.050; `original trained` -0.100 ± 0.000." in text
+    with pytest.raises(ValueError, match="3 short windows do not tile 2 long ones"):
+        cross_length_gap([1.0, 2.0], [1.0, 2.0, 3.0])
 
 
 def test_probe_check_warns_only_when_the_original_does_not_read_back_inside_its_window():

@@ -85,6 +85,40 @@ def ranking(results: Results, length: int, causal: bool, names) -> str | None:
     return f"Ranked by {metric} at {length} tokens, gap to the best ± paired standard error: " + "; ".join(gaps) + "."
 
 
+def cross_length_gap(long: list[float], short: list[float]) -> tuple[float, float | None]:
+    """Loss of a model read in long windows minus one read in short windows of the same text, ± the paired
+    standard error: the short windows tile the long ones, so each group of them is averaged to pair with one."""
+    if not long or len(short) % len(long):
+        raise ValueError(f"{len(short)} short windows do not tile {len(long)} long ones.")
+    k = len(short) // len(long)
+    return paired_gap(long, [sum(short[i * k : (i + 1) * k]) / k for i in range(len(long))])
+
+
+def against_baseline_at_1x(spec, results: Results, causal: bool) -> str | None:
+    """Every model at 4x against ``original trained`` at 1x, paired over the text: the question the long phase
+    asks (does reading 4x after training beat the original trained the same steps at its own length?)."""
+    metric = loss_metric(causal)
+    if BASELINE not in results.models or not {spec.length, 4 * spec.length} <= set(results.lengths):
+        return None
+    short, long = results.lengths.index(spec.length), results.lengths.index(4 * spec.length)
+
+    def windows(name: str, i: int):
+        found = results.models[name].metrics.get(f"{metric}_windows")
+        return found[i] if found is not None else None
+
+    reference = windows(BASELINE, short)
+    gaps = []
+    for name in [*spec.variants, BASELINE]:
+        if name in results.models and reference is not None and windows(name, long) is not None:
+            gap, se = cross_length_gap(windows(name, long), reference)
+            gaps.append(f"`{name}` {gap:+.3f}" + (f" ± {se:.3f}" if se is not None else ""))
+    if not gaps:
+        return None
+    text = "the same text" if causal else "nearly the same text with other masked tokens (each window's [CLS] and [SEP] shift it)"
+    return (f"At {4 * spec.length} tokens against `{BASELINE}` at {spec.length}, {metric} gap ± paired standard error over "
+            f"{text}, its short windows averaged in groups: " + "; ".join(gaps) + ".")
+
+
 def probe_table(probe: dict) -> list[str]:
     """Loss drop on the repeated span (reference minus repeat), ± its standard error over spans, per distance."""
     multiples = probe["multiples"]
@@ -147,6 +181,7 @@ def base_summary(spec, step0: dict | None, after: dict, curves: dict, probe: dic
             "", *metric_table(spec, (step0 or {}).get(data), results, causal), "",
         ]
         ranked = [ranking(results, n, causal, [*spec.variants, SLIDING, BASELINE]) for n in results.lengths[1:]]
+        ranked.append(against_baseline_at_1x(spec, results, causal))
         lines += [f"- {line}" for line in ranked if line] + ([""] if any(ranked) else [])
     if probe is not None:
         warning = probe_check(probe)
