@@ -125,8 +125,7 @@ def train(
     model, tokenizer, causal = load_patched_model(recipe)
     sites = find_sites(model)
     offset, max_length = sites.offset, sites.max_length  # the patched length, or the model's own
-    for length in t.window_lengths(max_length):  # with posswap: null, known only now
-        recipe.data.check_window(length)
+    recipe.check_windows(max_length)  # with posswap: null the length is known only now
     if t.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     position_names = position_parameter_names(model)  # by id: peft's wrapping renames them

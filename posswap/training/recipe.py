@@ -177,8 +177,13 @@ class Recipe:
         self.train.validate(self.max_length)
         self.eval.validate()
         if self.max_length is not None:
-            for length in self.train.window_lengths(self.max_length):
-                self.data.check_window(length)
+            self.check_windows(self.max_length)
+
+    def check_windows(self, max_length: int) -> None:
+        """Each training window holds a repeated span and its copy (``max_length``: the patched length, or
+        with ``posswap: null`` the model's own, known once it is loaded)."""
+        for length in self.train.window_lengths(max_length):
+            self.data.check_window(length)
 
     def check_sources(self) -> None:
         """The local model, tokenizer and data files exist (Hub ids are left to the Hub). Separate from
