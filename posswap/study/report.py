@@ -9,6 +9,7 @@ from pathlib import Path
 from ..evaluation import Results
 from ..evaluation.harness import paired_gap
 from ..evaluation.plots import plt, save_figure
+from .plan import EXTEND
 from .scoring import BASELINE, ORIGINAL, OTHER_MASKS, SLIDING, loss_metric
 
 NAMES = {"gpt2": "Reference GPT-2", "minilm": "MiniLM (all-MiniLM-L6-v2 + MLM head)"}
@@ -72,8 +73,8 @@ def ranking(results: Results, length: int, causal: bool, names) -> str | None:
     """The models ``names`` at ``length``, best first, each with its loss gap to the best ± the paired standard
     error (the same windows for every model): a gap under about two of those is not a difference."""
     metric, i = loss_metric(causal), results.lengths.index(length)
-    windows = {n: results.models[n].metrics.get(f"{metric}_windows") for n in names if n in results.models}
-    windows = {n: w[i] for n, w in windows.items() if w is not None and w[i] is not None}
+    windows = {n: window_losses(results, n, i, metric) for n in names}
+    windows = {n: w for n, w in windows.items() if w is not None}
     if len(windows) < 2:
         return None
     order = sorted(windows, key=lambda n: results.models[n].metrics[metric][i])
@@ -83,6 +84,13 @@ def ranking(results: Results, length: int, causal: bool, names) -> str | None:
         gap, se = paired_gap(windows[name], windows[best])
         gaps.append(f"`{name}` +{gap:.3f}" + (f" ± {se:.3f}" if se is not None else ""))
     return f"Ranked by {metric} at {length} tokens, gap to the best ± paired standard error: " + "; ".join(gaps) + "."
+
+
+def window_losses(results: Results, name: str, i: int, metric: str) -> list[float] | None:
+    """``name``'s per-window losses at ``results.lengths[i]`` (None where the model or the windows are missing)."""
+    model = results.models.get(name)
+    found = model.metrics.get(f"{metric}_windows") if model is not None else None
+    return found[i] if found is not None else None
 
 
 def cross_length_gap(long: list[float], short: list[float]) -> tuple[float, float | None]:
@@ -97,26 +105,18 @@ def cross_length_gap(long: list[float], short: list[float]) -> tuple[float, floa
 def against_baseline_at_1x(spec, results: Results, causal: bool) -> str | None:
     """Every model at 4x against ``original trained`` at 1x, paired over the text: the question the long phase
     asks (does reading 4x after training beat the original trained the same steps at its own length?)."""
-    metric = loss_metric(causal)
-    if BASELINE not in results.models or not {spec.length, 4 * spec.length} <= set(results.lengths):
+    metric, long_length = loss_metric(causal), EXTEND * spec.length
+    if not {spec.length, long_length} <= set(results.lengths):
         return None
-    short, long = results.lengths.index(spec.length), results.lengths.index(4 * spec.length)
-
-    def windows(name: str, i: int):
-        found = results.models[name].metrics.get(f"{metric}_windows")
-        return found[i] if found is not None else None
-
-    reference = windows(BASELINE, short)
-    gaps = []
-    for name in [*spec.variants, BASELINE]:
-        if name in results.models and reference is not None and windows(name, long) is not None:
-            gap, se = cross_length_gap(windows(name, long), reference)
-            gaps.append(f"`{name}` {gap:+.3f}" + (f" ± {se:.3f}" if se is not None else ""))
+    reference = window_losses(results, BASELINE, results.lengths.index(spec.length), metric)
+    read_long = {n: window_losses(results, n, results.lengths.index(long_length), metric) for n in [*spec.variants, BASELINE]}
+    gaps = [(n, *cross_length_gap(w, reference)) for n, w in read_long.items() if w is not None and reference is not None]
     if not gaps:
         return None
     text = "the same text" if causal else "nearly the same text with other masked tokens (each window's [CLS] and [SEP] shift it)"
-    return (f"At {4 * spec.length} tokens against `{BASELINE}` at {spec.length}, {metric} gap ± paired standard error over "
-            f"{text}, its short windows averaged in groups: " + "; ".join(gaps) + ".")
+    return (f"At {long_length} tokens against `{BASELINE}` at {spec.length}, {metric} gap ± paired standard error over "
+            f"{text}, its short windows averaged in groups: "
+            + "; ".join(f"`{n}` {gap:+.3f}" + (f" ± {se:.3f}" if se is not None else "") for n, gap, se in gaps) + ".")
 
 
 def probe_table(probe: dict) -> list[str]:

@@ -148,19 +148,23 @@ def resumable_checkpoint(run_dir: Path) -> Path:
     raise CheckpointError(f"--resume: no intact checkpoint in {run_dir}: " + "; ".join(damaged))
 
 
+def check_optimizer_groups(path: Path, groups: int) -> None:
+    """Refuse, before the model is built, a checkpoint whose AdamW group count differs from the recipe's
+    (``train.position_lr`` adds two groups): its optimizer state cannot carry over."""
+    made = len(_read_json(path / "optimizer.json")["param_groups"])
+    if made != groups:
+        raise ValueError(
+            f"{path} was made with {made} optimizer groups, this recipe builds {groups}: train.position_lr was set or "
+            "unset since. Resume with the run's own train.position_lr, or start a new run."
+        )
+
+
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer, scheduler, rank: int, world: int) -> dict:
     state = _read_json(path / "state.json")
     if state["world_size"] != world:
         raise ValueError(
             f"{path} was written by {state['world_size']} processes but this run has {world}; "
             "resume with the same number of processes (the data order depends on it)."
-        )
-    optimizer_meta = _read_json(path / "optimizer.json")
-    if len(optimizer_meta["param_groups"]) != len(optimizer.param_groups):  # train.position_lr adds two groups
-        raise ValueError(
-            f"{path} was made with {len(optimizer_meta['param_groups'])} optimizer groups, this recipe builds "
-            f"{len(optimizer.param_groups)}: train.position_lr was set or unset since. Resume with the run's own "
-            "train.position_lr, or start a new run."
         )
     weights = _read_tensors(path / "model.safetensors")
     missing = set(weights) - set(dict(model.named_parameters()))
@@ -170,7 +174,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer, scheduler, ra
         parameters = dict(model.named_parameters())
         for name, value in weights.items():
             parameters[name].copy_(value)
-    optimizer.load_state_dict(_optimizer_from_files(_read_tensors(path / "optimizer.safetensors"), optimizer_meta))
+    optimizer.load_state_dict(_optimizer_from_files(_read_tensors(path / "optimizer.safetensors"), _read_json(path / "optimizer.json")))
     scheduler.load_state_dict(_read_json(path / "scheduler.json"))
     rng = _read_tensors(path / f"rng-{rank}.safetensors")
     torch.set_rng_state(rng["torch"])

@@ -37,8 +37,9 @@ def packed_windows(spec: str, tokenizer: Any, length: int, text_column: str = "t
 
 def with_repeated_spans(windows, fraction: float, span: int, seed: int):
     """``windows`` where a ``fraction`` of them carry a copy of one of their spans of ``span`` tokens further on,
-    written over the text there, at a distance drawn uniformly from what fits. Window ``i``'s choice comes from
-    its own generator (seed, i), so a resumed or streamed run copies the same spans."""
+    written over the text there: the span's start is drawn uniformly, then the copy's start uniformly among the
+    places after the span where it fits. Window ``i``'s choices come from its own generator (seed, i), so a
+    resumed or streamed run copies the same spans."""
     if fraction == 0:
         return windows
 

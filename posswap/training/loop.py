@@ -25,7 +25,7 @@ from ..architectures import ARCHITECTURES, find_sites
 from ..files import check_folder_target
 from ..loading import from_pretrained, resolve_model_id, save_model_and_tokenizer
 from ..patching import patch, patched_config
-from .checkpoint import latest_checkpoint, load_checkpoint, log_lines_upto, prune_checkpoints, resumable_checkpoint, save_checkpoint
+from .checkpoint import check_optimizer_groups, latest_checkpoint, load_checkpoint, log_lines_upto, prune_checkpoints, resumable_checkpoint, save_checkpoint
 from .data import packed_windows, with_repeated_spans
 from .objectives import batch_preparer, stack_windows
 from .recipe import Recipe, recipe_differences
@@ -94,6 +94,8 @@ def train(
     if not resume and latest_checkpoint(run_dir) is not None:
         raise ValueError(f"{run_dir} already holds checkpoints: pass --resume to continue, or choose another train.output_dir.")
     checkpoint = resumable_checkpoint(run_dir) if resume else None  # checked before anything is loaded
+    if checkpoint is not None:  # also under --force: a changed group count cannot carry the optimizer over
+        check_optimizer_groups(checkpoint, len(group_settings(t)))
     if resume and not force:
         check_same_recipe(run_dir, recipe)
     if recipe.push_to_hub:
@@ -125,7 +127,8 @@ def train(
     model, tokenizer, causal = load_patched_model(recipe)
     sites = find_sites(model)
     offset, max_length = sites.offset, sites.max_length  # the patched length, or the model's own
-    recipe.check_windows(max_length)  # with posswap: null the length is known only now
+    if recipe.max_length is None:  # posswap: null trains at the model's own length, known only now
+        recipe.check_windows(max_length)
     if t.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     position_names = position_parameter_names(model)  # by id: peft's wrapping renames them
@@ -247,7 +250,7 @@ def parameter_groups(model, positions: set[int], t) -> list[dict]:
 
 def _use_recipe_rates(optimizer, scheduler, t) -> None:
     """A checkpoint's optimizer and scheduler state carry the lr and weight decay it was made with; after a
-    --force resume with other values, the recipe's apply from here (``load_checkpoint`` has checked that the
+    --force resume with other values, the recipe's apply from here (``check_optimizer_groups`` has checked that the
     groups match ``group_settings``)."""
     settings = group_settings(t)
     for group, (rate, decay), factor in zip(optimizer.param_groups, settings, scheduler.lr_lambdas):
