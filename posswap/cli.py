@@ -218,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", type=int, default=None, help="Training steps per variant (default: the preset's budget).")
     s.add_argument("--lr", type=float, default=None, help="Peak learning rate of the variants and the baseline (default: the preset's).")
     s.add_argument("--no-baseline", action="store_true", help="Skip training the original the same steps at its own length.")
-    s.add_argument("--reference", default=None, help="Folder of the reference GPT-2 (default: out/reference-gpt2/model, pretrained if missing).")
+    s.add_argument("--reference", default=None, help="Folder of the reference GPT-2, an unpatched GPT-2 with 256 positions (default: out/reference-gpt2/model, pretrained if missing).")
     s.add_argument("--work", default=None, help="Folder for the trained runs (default out/study-PRESET); finished runs are reused.")
     s.add_argument("--out", default=None, help="Folder for the results (default results/ for full, WORK/results for mini).")
     s.add_argument("--report-only", action="store_true", help="Rebuild summary.md and the plots from the saved results; train and score nothing.")

@@ -4,8 +4,8 @@ the numbers the evaluation gives, and a finished run is reused, not trained agai
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -171,11 +171,22 @@ def test_long_phase_without_the_quick_one_is_refused_before_anything_trains(tmp_
     assert not (tmp_path / "w").exists()
 
 
-def test_missing_reference_is_a_clear_error(tmp_path):
+@pytest.mark.parametrize("config, message", [
+    (None, "config.json missing"),
+    ({"model_type": "gpt2", "n_positions": 1024}, "must be an unpatched GPT-2 with 256 positions .* a gpt2 model with 1024 positions"),
+    ({"model_type": "bert", "max_position_embeddings": 512}, "a bert model with None positions"),
+    ({"model_type": "gpt2", "n_positions": 256, "posswap": {"method": "alibi"}}, "with 256 positions, already patched by posswap"),
+])
+def test_a_reference_the_study_cannot_count_from_is_refused_before_any_work(tmp_path, config, message):
+    # The variants are patched to 4x of the reference's length: another length would mislabel every table.
     spec = select("full", ["gpt2"], ["copy"], 1)[0]
-    with pytest.raises(ValueError, match="--reference .*config.json missing"):
-        Study((spec,), tmp_path / "w", tmp_path / "r", reference=tmp_path / "nothing").run("x")
-    assert not Path(tmp_path / "r").exists()
+    reference = tmp_path / "reference"
+    if config is not None:
+        reference.mkdir()
+        (reference / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"--reference {re.escape(str(reference))}: .*{message}"):
+        Study((spec,), tmp_path / "w", tmp_path / "r", reference=reference)
+    assert not (tmp_path / "r").exists() and not (tmp_path / "w").exists()
 
 
 def test_tiny_masked_study_has_the_noise_floor_and_the_masked_probe(bases, tmp_path):

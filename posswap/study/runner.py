@@ -70,10 +70,29 @@ class Untrained:
         return load_patched_model(recipe_from_dict(self.raw))[0]
 
 
+def check_reference(folder: Path, length: int) -> None:
+    """``--reference`` must be an unpatched GPT-2 with the base's ``length`` positions: every variant's 4x and 8x,
+    and the probe's multiples, count from it, so another length would give tables that are silently mislabelled."""
+    path = folder / "config.json"
+    if not path.exists():
+        raise ValueError(f"--reference {folder}: no model there (config.json missing).")
+    config = json.loads(path.read_text())
+    found = (config.get("model_type"), config.get("n_positions"), "posswap" in config)
+    if found != ("gpt2", length, False):
+        held = f"a {found[0]} model with {found[1]} positions" + (", already patched by posswap" if found[2] else "")
+        raise ValueError(
+            f"--reference {folder}: the study's GPT-2 base must be an unpatched GPT-2 with {length} positions (the variants "
+            f"are patched to 4x and 8x of it); this folder holds {held}. Pretrain one with python recipes/reference_gpt2.py."
+        )
+
+
 class Study:
     def __init__(self, specs: tuple[BaseSpec, ...], work: Path, out: Path, reference: Path | None = None, device: str | None = None):
         self.specs, self.work, self.out = specs, Path(work), Path(out)
         self.reference = Path(reference) if reference is not None else None
+        for spec in specs:  # before any work: a wrong reference would otherwise show up after MiniLM's hour
+            if spec.name == "gpt2" and self.reference is not None:
+                check_reference(self.reference, spec.length)
         self.device = device
         self.timings: dict[str, float] = {}
 
@@ -120,8 +139,7 @@ class Study:
         """The model every variant of ``spec`` starts from."""
         if spec.name == "gpt2":
             if self.reference is not None:
-                if not (self.reference / "config.json").exists():
-                    raise ValueError(f"--reference {self.reference}: no model there (config.json missing).")
+                check_reference(self.reference, spec.length)
                 return self.reference
             from .reference import RECIPE, pretrain_reference
 
