@@ -173,8 +173,9 @@ def test_long_phase_without_the_quick_one_is_refused_before_anything_trains(tmp_
 
 @pytest.mark.parametrize("config, message", [
     (None, "config.json missing"),
-    ({"model_type": "gpt2", "n_positions": 1024}, "must be an unpatched GPT-2 with 256 positions .* a gpt2 model with 1024 positions"),
-    ({"model_type": "bert", "max_position_embeddings": 512}, "a bert model with None positions"),
+    ("{not json", "config.json is not valid JSON"),
+    ({"model_type": "gpt2", "n_positions": 1024}, "must be an unpatched GPT-2 with 256 positions .* holds a GPT-2 with 1024 positions"),
+    ({"model_type": "bert", "max_position_embeddings": 512}, "holds a bert model\\."),
     ({"model_type": "gpt2", "n_positions": 256, "posswap": {"method": "alibi"}}, "with 256 positions, already patched by posswap"),
 ])
 def test_a_reference_the_study_cannot_count_from_is_refused_before_any_work(tmp_path, config, message):
@@ -183,7 +184,7 @@ def test_a_reference_the_study_cannot_count_from_is_refused_before_any_work(tmp_
     reference = tmp_path / "reference"
     if config is not None:
         reference.mkdir()
-        (reference / "config.json").write_text(json.dumps(config))
+        (reference / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
     with pytest.raises(ValueError, match=f"--reference {re.escape(str(reference))}: .*{message}"):
         Study((spec,), tmp_path / "w", tmp_path / "r", reference=reference)
     assert not (tmp_path / "r").exists() and not (tmp_path / "w").exists()

@@ -76,10 +76,13 @@ def check_reference(folder: Path, length: int) -> None:
     path = folder / "config.json"
     if not path.exists():
         raise ValueError(f"--reference {folder}: no model there (config.json missing).")
-    config = json.loads(path.read_text())
-    found = (config.get("model_type"), config.get("n_positions"), "posswap" in config)
-    if found != ("gpt2", length, False):
-        held = f"a {found[0]} model with {found[1]} positions" + (", already patched by posswap" if found[2] else "")
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--reference {folder}: config.json is not valid JSON ({error}).") from None
+    kind, positions, patched = config.get("model_type"), config.get("n_positions"), "posswap" in config
+    if kind != "gpt2" or positions != length or patched:
+        held = f"a {kind} model" if kind != "gpt2" else f"a GPT-2 with {positions} positions" + (", already patched by posswap" if patched else "")
         raise ValueError(
             f"--reference {folder}: the study's GPT-2 base must be an unpatched GPT-2 with {length} positions (the variants "
             f"are patched to 4x and 8x of it); this folder holds {held}. Pretrain one with python recipes/reference_gpt2.py."
@@ -138,8 +141,7 @@ class Study:
     def original(self, spec: BaseSpec) -> Path:
         """The model every variant of ``spec`` starts from."""
         if spec.name == "gpt2":
-            if self.reference is not None:
-                check_reference(self.reference, spec.length)
+            if self.reference is not None:  # checked in __init__
                 return self.reference
             from .reference import RECIPE, pretrain_reference
 
