@@ -83,10 +83,13 @@ def probe(model, stream: torch.Tensor, spans: int) -> dict:
 def make_base(args) -> GPT2LMHeadModel:
     """The copying base: loaded from ``--base-from``, or trained (and saved there when given)."""
     if args.base_from and (Path(args.base_from) / "config.json").exists():
-        return GPT2LMHeadModel.from_pretrained(args.base_from).to(args.device)
+        model = GPT2LMHeadModel.from_pretrained(args.base_from).to(args.device)
+        model.loss_type = "ForCausalLM"  # else transformers warns "loss_type=None ... unrecognized" (as posswap train)
+        return model
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=VOCAB, n_positions=LENGTH, n_embd=128, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0)
     model = GPT2LMHeadModel(config).to(args.device)
+    model.loss_type = "ForCausalLM"
     train(model, copy_batches(args.base_steps, 32, LENGTH, args.base_span, seed=1), args.base_steps, 1e-3, "base: learn to copy")
     if args.base_from:
         model.save_pretrained(args.base_from)
@@ -115,7 +118,6 @@ def main() -> None:
     started = time.perf_counter()
 
     base = make_base(args)
-    base.config.loss_type = "ForCausalLM"
     before = {"original": probe(base, stream, args.spans)}
     check = probe_check({"multiples": list(CAUSAL_MULTIPLES), "models": before})
     if check:
