@@ -159,7 +159,7 @@ def _cmd_study(args: argparse.Namespace) -> None:
     from .evaluation.stream import resolve_device
 
     variants = args.variants.split(",") if args.variants else None
-    specs = select(args.preset, args.base, variants, args.steps, args.lr, not args.no_baseline, args.budget)  # checked first
+    specs = select(args.preset, args.base, variants, args.steps, args.lr, not args.no_baseline, args.budget, args.repeat_fraction)  # checked first
     device = str(resolve_device(args.device)) if args.device is not None else None
     work = Path(args.work or f"out/study-{args.preset}")
     out = Path(args.out or ("results" if args.preset == "full" else work / "results"))
@@ -217,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--variants", default=None, help="Comma-separated subset of copy,linear,cubic,rope,rope-yarn,alibi,sinusoidal,nope,t5-bias,t5-bias-fit,tupe (default: all; the long phase: the quick phase's best four).")
     s.add_argument("--steps", type=int, default=None, help="Training steps per variant (default: the preset's budget).")
     s.add_argument("--lr", type=float, default=None, help="Peak learning rate of the variants and the baseline (default: the preset's).")
+    s.add_argument("--repeat-fraction", type=float, default=None, help="Share of the variants' and the baseline's training windows that carry a 64-token span copied further on (data.repeat_fraction; default 0): for a base that copies, so the repeat probe can show it.")
     s.add_argument("--no-baseline", action="store_true", help="Skip training the original the same steps at its own length.")
     s.add_argument("--reference", default=None, help="Folder of the reference GPT-2, an unpatched GPT-2 with 256 positions (default: out/reference-gpt2/model, pretrained if missing).")
     s.add_argument("--work", default=None, help="Folder for the trained runs (default out/study-PRESET); finished runs are reused.")

@@ -13,7 +13,7 @@ from posswap.cli import main
 from posswap.config import config_from_dict
 from posswap.evaluation import ModelResults, Results
 from posswap.study import Study, select
-from posswap.study.plan import FULL, VARIANTS, BaseSpec, Budget, Probe, variant_patch
+from posswap.study.plan import FULL, PRESETS, VARIANTS, BaseSpec, Budget, Probe, variant_patch
 from posswap.study.scoring import set_name
 from posswap.study.report import base_summary, cross_length_gap, crossover_step, probe_check
 
@@ -207,3 +207,38 @@ def test_tiny_masked_study_has_the_noise_floor_and_the_masked_probe(bases, tmp_p
     probe = json.loads((out / "probe.json").read_text())
     assert set(probe["models"]) == {"original", "alibi (step 0)", "alibi"} and probe["models"]["alibi"]["kind"] == "masked"
     assert "mask seed 1" in summary and "| alibi |" in summary
+
+
+def test_repeat_fraction_reaches_the_variants_and_the_baseline_not_older_recipes(bases, tmp_path, monkeypatch):
+    text = str(bases / "text.txt")
+    spec = BaseSpec(
+        name="gpt2", length=32, eval_tokens=64, variants=("alibi",), train_data=text, heldout=(text,), multiples=(1,),
+        budget=Budget(steps=1, batch_size=1, lr=1e-3, warmup_steps=0, eval_every=1), step0_multiples=(1,), repeat_fraction=0.25,
+    )
+    trained = []
+
+    def capture(self, raw, curve):
+        trained.append(raw)
+        raise KeyboardInterrupt  # stop before anything trains: the recipes are what this test reads
+
+    monkeypatch.setattr(Study, "_train", capture)
+    with pytest.raises(KeyboardInterrupt):
+        Study((spec,), tmp_path / "w", tmp_path / "r", reference=bases / "gpt2").run("x")
+    assert trained[0]["data"] == {"train": text, "repeat_fraction": 0.25}
+    baseline = Study((spec,), tmp_path / "w", tmp_path / "r")._recipe(spec, "m", None, tmp_path / "b", spec.budget, 4, repeats=True)
+    assert baseline["data"]["repeat_fraction"] == 0.25
+    head = Study((spec,), tmp_path / "w", tmp_path / "r")._recipe(spec, "m", None, tmp_path / "h", spec.budget, 4)
+    assert head["data"] == {"train": text}  # MiniLM's head (the original) trains on plain text
+    plain = replace(spec, repeat_fraction=0.0)  # no flag: the recipe is what older runs saved, so they are reused
+    assert Study((plain,), tmp_path / "w", tmp_path / "r")._recipe(plain, "m", {}, tmp_path / "v", spec.budget, 1, repeats=True)["data"] == {"train": text}
+
+
+def test_repeat_fraction_is_checked_before_any_work(monkeypatch):
+    assert {spec.repeat_fraction for spec in select("full", None, None, phase="quick", repeat_fraction=0.5)} == {0.5}
+    with pytest.raises(ValueError, match="--repeat-fraction must be a number >= 0 and <= 1"):
+        select("full", repeat_fraction=1.5)
+    short = replace(FULL[0], length=100)
+    monkeypatch.setitem(PRESETS, "full", (short,))
+    with pytest.raises(ValueError, match="--repeat-fraction: a 64-token span and its copy need windows of 128 tokens; base gpt2 trains its baseline on 100"):
+        select("full", repeat_fraction=0.5)
+    assert select("full", repeat_fraction=0.0)[0].repeat_fraction == 0.0

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..config import check_number
+from ..training.recipe import DataSpec
 
 TRAIN_DATA = "posswap:train"  # five Austen novels + the King James Bible
 # Held-out sets, in no training split: the same author and era (Persuasion), then technical prose.
@@ -95,6 +96,7 @@ class BaseSpec:
     long_probe: Probe | None = None  # the long phase's probe (more distances: fewer models to probe)
     phase: str = "quick"
     probe_untrained: bool = False  # also probe each variant right after the patch (the README's before/after)
+    repeat_fraction: float = 0.0  # share of the variants' and baseline's training windows with a repeated span
 
     @property
     def lengths(self) -> list[int]:
@@ -157,7 +159,7 @@ PRESETS = {"full": FULL, "mini": MINI}
 
 def select(
     preset: str, bases: list[str] | None = None, variants: list[str] | None = None, steps: int | None = None,
-    lr: float | None = None, baseline: bool = True, phase: str = "quick",
+    lr: float | None = None, baseline: bool = True, phase: str = "quick", repeat_fraction: float | None = None,
 ) -> tuple[BaseSpec, ...]:
     """A preset in a phase, narrowed to some bases and variants, with another step count or learning rate if
     asked (checked here, before anything trains)."""
@@ -186,6 +188,14 @@ def select(
         specs = tuple(replace(spec, budget=replace(spec.budget, lr=lr)) for spec in specs)
     if not baseline:
         specs = tuple(replace(spec, baseline=False) for spec in specs)
+    if repeat_fraction is not None:
+        check_number("--repeat-fraction", repeat_fraction, minimum=0, maximum=1)
+        span = DataSpec().repeat_span
+        short = [spec for spec in specs if repeat_fraction > 0 and spec.length < 2 * span]
+        if short:  # the baseline trains at the base's own length: its windows must hold a span and its copy
+            raise ValueError(f"--repeat-fraction: a {span}-token span and its copy need windows of {2 * span} tokens; "
+                             f"base {short[0].name} trains its baseline on {short[0].length}. Leave the flag out for it.")
+        specs = tuple(replace(spec, repeat_fraction=repeat_fraction) for spec in specs)
     return specs
 
 

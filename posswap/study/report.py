@@ -168,7 +168,8 @@ def base_summary(spec, step0: dict | None, after: dict, curves: dict, probe: dic
     tokens = steps * spec.budget.batch_size * 4 * spec.length
     lines = [
         f"### {NAMES.get(spec.name, spec.name)}: {spec.length} → {4 * spec.length} positions, {spec.phase} budget "
-        f"({steps} steps at lr {lr:g}, {tokens:,} training tokens per variant)", "",
+        f"({steps} steps at lr {lr:g}, {tokens:,} training tokens per variant"
+        + (f"; {spec.repeat_fraction:.0%} of the windows with a repeated span" if spec.repeat_fraction else "") + ")", "",
     ]
     for data, results in after.items():
         lines += [

@@ -108,7 +108,7 @@ class Study:
         return value
 
     def _recipe(self, spec: BaseSpec, model: str, posswap: dict | None, output_dir: Path, budget: Budget, batch_size: int,
-                window: int | None = None, trainable: str = "full") -> dict:
+                window: int | None = None, trainable: str = "full", repeats: bool = False) -> dict:
         train = {
             "output_dir": str(output_dir), "max_steps": budget.steps, "batch_size": batch_size, "lr": budget.lr,
             "warmup_steps": budget.warmup_steps, "weight_decay": 0.01, "trainable": trainable,
@@ -116,7 +116,10 @@ class Study:
         }
         if window is not None and posswap is not None and window != posswap["max_length"]:
             train["curriculum"] = [window]  # patched to 8x, trained at 4x
-        return {"model": model, "posswap": posswap, "data": {"train": spec.train_data}, "train": train, "eval": {"lengths": []}}
+        data = {"train": spec.train_data}
+        if repeats and spec.repeat_fraction:  # only when asked: older runs' recipes stay equal, so they are reused
+            data["repeat_fraction"] = spec.repeat_fraction
+        return {"model": model, "posswap": posswap, "data": data, "train": train, "eval": {"lengths": []}}
 
     def _train(self, raw: dict, curve: CurveRecorder | None) -> Path:
         """Train ``raw`` unless a finished run of the same recipe is there; returns its model folder."""
@@ -178,7 +181,7 @@ class Study:
         window, budget = EXTEND * spec.length, spec.budget
         variants = spec.variants if spec.phase == "quick" else self.best_of_quick(spec)
         work = self.work / spec.name / spec.phase
-        raws = {name: self._recipe(spec, str(original), variant_patch(name, spec.length), work / name, budget, budget.batch_size, window) for name in variants}
+        raws = {name: self._recipe(spec, str(original), variant_patch(name, spec.length), work / name, budget, budget.batch_size, window, repeats=True) for name in variants}
         scorer = Scorer(spec, tokenizer, causal, self.device, cache=self.work / spec.name / "scores")
 
         originals = self._timed(f"{spec.name}/eval original", scorer.originals, original, spec.lengths)
@@ -194,7 +197,7 @@ class Study:
             trained[name] = self._timed(f"{spec.name}/train {name}", self._train, raw, recorder)
             curves[name] = recorder.points
         if spec.baseline:  # the original, the same steps and tokens per step, at its own length
-            raw = self._recipe(spec, str(original), None, work / "baseline", budget, budget.batch_size * EXTEND)
+            raw = self._recipe(spec, str(original), None, work / "baseline", budget, budget.batch_size * EXTEND, repeats=True)
             recorder = CurveRecorder(tokenizer, spec.length, budget.eval_every, spec.eval_tokens, causal, spec.heldout_data)
             trained[BASELINE] = self._timed(f"{spec.name}/train baseline", self._train, raw, recorder)
             curves[BASELINE] = recorder.points
