@@ -155,16 +155,46 @@ def _cmd_study(args: argparse.Namespace) -> None:
     import shlex
 
     from .study import Study, select
+    from .study.copying import COPYING_PRESETS
 
     from .evaluation.stream import resolve_device
 
+    if args.preset in COPYING_PRESETS:
+        return _cmd_copying_study(args)
     variants = args.variants.split(",") if args.variants else None
-    specs = select(args.preset, args.base, variants, args.steps, args.lr, not args.no_baseline, args.budget, args.repeat_fraction)  # checked first
+    specs = select(args.preset, args.base, variants, args.steps, args.lr, not args.no_baseline, args.budget or "quick", args.repeat_fraction)  # checked first
     device = str(resolve_device(args.device)) if args.device is not None else None
     work = Path(args.work or f"out/study-{args.preset}")
     out = Path(args.out or ("results" if args.preset == "full" else work / "results"))
     command = "posswap " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["study"] else "posswap study"
     print(Study(specs, work, out, args.reference, device).run(command, report_only=args.report_only))
+
+
+def _cmd_copying_study(args: argparse.Namespace) -> None:
+    import json
+    import time
+
+    from .study.copying import COPYING_PRESETS, narrowed, run_copying
+    from .study.copying_report import write_report
+
+    for flag, value in (("--base", args.base), ("--reference", args.reference), ("--repeat-fraction", args.repeat_fraction),
+                        ("--device", args.device), ("--budget", args.budget)):
+        if value is not None:
+            raise ValueError(f"{flag} belongs to the text study (--preset full or minilm-mini); --preset {args.preset} runs on the copier, on the CPU.")
+    variants = args.variants.split(",") if args.variants else None
+    spec = narrowed(COPYING_PRESETS[args.preset], variants, args.steps, args.lr, not args.no_baseline, args.seeds)  # checked first
+    work = Path(args.work or f"out/study-{args.preset}")
+    out = Path(args.out or ("results/copying" if args.preset == "copying" else work / "results"))
+    if args.report_only:
+        found = out / "copying.json"
+        if not found.is_file():
+            raise ValueError(f"No finished copying study in {out} (copying.json missing): run it without --report-only first.")
+        print(write_report(json.loads(found.read_text()), out))
+        return
+    started = time.perf_counter()
+    results = run_copying(spec, work, out, jobs=args.jobs)
+    print(write_report(results, out))
+    print(f"Wall time {(time.perf_counter() - started) / 60:.1f} min; table in {out}/summary.md, picture {out}/probe.png.")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -210,8 +240,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(run=_cmd_train)
 
     s = commands.add_parser("study", help="The extension study: each method on each base, untrained and after an equal budget.")
-    s.add_argument("--preset", choices=("full", "mini"), default="full", help="full: both bases, every method (results/); mini: the repeat probe on MiniLM before and after a short ALiBi training (<= 10 min on 2 CPU cores).")
-    s.add_argument("--budget", choices=("quick", "long"), default="quick", help="Phase of the full study: quick (every variant, a small budget) or long (the quick phase's best four and the original, longer; run quick first).")
+    s.add_argument("--preset", choices=("mini", "copying", "full", "minilm-mini"), default="full", help=(
+        "mini: the copier (a small GPT-2 that copies) built, then the best method and RoPE trained briefly at 4x and probed "
+        "(<= 6 min on 2 CPU cores); copying: every method on the copier, three seeds (results/copying/); full: the text "
+        "study on both bases (results/); minilm-mini: the repeat probe on MiniLM before and after a short ALiBi training."))
+    s.add_argument("--seeds", type=int, default=None, help="Copying presets: number of seeds (training order and probe draws; default: the preset's).")
+    s.add_argument("--jobs", type=int, default=2, help="Copying presets: runs at once, one CPU thread each (default 2).")
+    s.add_argument("--budget", choices=("quick", "long"), default=None, help="Phase of the full study: quick (every variant, a small budget) or long (the quick phase's best four and the original, longer; run quick first).")
     s.add_argument("--device", default=None, help="Where training and scoring run: cpu, cuda, cuda:N (default: cuda if available, else cpu).")
     s.add_argument("--base", action="append", choices=("gpt2", "minilm"), help="Only this base (repeatable; default: the preset's).")
     s.add_argument("--variants", default=None, help="Comma-separated subset of copy,linear,cubic,rope,rope-yarn,alibi,sinusoidal,nope,t5-bias,t5-bias-fit,tupe (default: all; the long phase: the quick phase's best four).")

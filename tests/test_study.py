@@ -38,7 +38,7 @@ def test_phases_differ_in_budget_and_probe():
     assert quick.probe.distances(256) == [64, 128, 192, 384, 768, 1280, 1792]  # 0.25x to 7x
     assert len(select("full", ["minilm"], phase="long")[0].probe.multiples) > len(select("full", ["minilm"])[0].probe.multiples)
     with pytest.raises(ValueError, match="--budget"):
-        select("mini", phase="long")
+        select("minilm-mini", phase="long")
     with pytest.raises(ValueError, match="--budget"):
         select("full", phase="longer")
 
@@ -52,7 +52,7 @@ def test_select_narrows_and_refuses_bad_requests():
     with pytest.raises(ValueError, match="preset"):
         select("huge")
     with pytest.raises(ValueError, match="Unknown base"):
-        select("mini", ["gpt2"])
+        select("minilm-mini", ["gpt2"])
     with pytest.raises(ValueError, match="--steps"):
         select("full", steps=0)
 

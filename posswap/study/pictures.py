@@ -186,26 +186,29 @@ class _RecordByDistance:
     """Forward hook on one self-attention module: reduces its attention weights at once (never all layers'
     (heads, n, n) weights held together)."""
 
-    def __init__(self, causal: bool, max_distance: int):
-        self.causal, self.max_distance, self.curve = causal, max_distance, None
+    def __init__(self, causal: bool, max_distance: int, per_head: bool = False):
+        self.causal, self.max_distance, self.per_head, self.curve = causal, max_distance, per_head, None
 
     def __call__(self, module: nn.Module, inputs: tuple, output: tuple) -> None:
         weights = output[1]
         if weights is None:
             raise RuntimeError(f"{type(module).__name__} returned no attention weights under the eager kernel.")
-        self.curve = weight_by_distance(weights[0], self.causal, self.max_distance)
+        if self.per_head:
+            self.curve = torch.stack([weight_by_distance(head[None], self.causal, self.max_distance) for head in weights[0]])
+        else:
+            self.curve = weight_by_distance(weights[0], self.causal, self.max_distance)
 
 
-def attention_by_distance(model: nn.Module, input_ids: torch.Tensor, max_distance: int | None = None) -> torch.Tensor:
+def attention_by_distance(model: nn.Module, input_ids: torch.Tensor, max_distance: int | None = None, per_head: bool = False) -> torch.Tensor:
     """(layers, max_distance + 1) float32: per layer, the mean attention weight at each query-key distance
     (i - j for decoders, |i - j| for encoders; default up to len(input_ids) - 1), over heads and queries, from one
-    forward pass over ``input_ids`` (1-D). Runs in eval mode under the eager kernel of the model's own family,
+    forward pass over ``input_ids`` (1-D); ``per_head``: (layers, heads, max_distance + 1), each head apart. Runs in eval mode under the eager kernel of the model's own family,
     so the weights are the ones the model computes; kernel and train/eval mode are put back afterwards."""
     if input_ids.dim() != 1:
         raise ValueError(f"input_ids must be 1-D (one sequence); got shape {tuple(input_ids.shape)}.")
     max_distance = len(input_ids) - 1 if max_distance is None else max_distance
     sites = find_sites(model)
-    recorders = [_RecordByDistance(sites.arch.causal, max_distance) for _ in sites.self_attentions()]
+    recorders = [_RecordByDistance(sites.arch.causal, max_distance, per_head) for _ in sites.self_attentions()]
     handles = [a.register_forward_hook(r) for a, r in zip(sites.self_attentions(), recorders)]
     kernel, training = model.config._attn_implementation, model.training
     try:

@@ -1,0 +1,294 @@
+"""The copying study: does a patched model read back past its old window? Every method is retrofitted onto the
+copier (a GPT-2 of 256 learned positions that copies inside its window), trained an equal budget on tiled
+windows of 4x, and probed with a span of random ids repeated d tokens later, untrained and every few steps.
+
+A run is one (variant, seed): the seed draws the training windows and the probe's spans. Each run is written to
+the work folder as it finishes, so an interrupted study resumes; runs go to ``jobs`` processes of one thread
+each (a model this small does not use two threads well, two processes do).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from multiprocessing import get_context
+from pathlib import Path
+
+import torch
+
+from ..config import check_number
+from .copier import CopierRecipe, copier, make_optimizer, tiled_windows, train_step
+from .plan import EXTEND, VARIANTS, variant_patch
+
+MULTIPLES = (0.5, 1.5, 3, 6)  # probed distances, in multiples of the copier's window; 6x is past the trained 4x
+CHECK_MULTIPLES = (0.25, 0.5, 0.75)  # where the copier must copy before anything uses it
+MIN_COPY = 4.0  # nats; perfect copying of random ids gains log 512 = 6.24
+TARGET = 3  # the multiple at which "reaches 4 nats" is asked
+BASELINE = "original trained"
+ORIGINAL = "original"
+PROBE_SEED_SALT = 100  # the probe's draws never equal a training seed's windows
+COPYING_VARIANTS = (*VARIANTS, "rope-keep", "alibi-keep")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How a variant trains: ``lr`` for every weight, ``position_lr`` for the position parameters if given."""
+
+    lr: float = 3e-4
+    position_lr: float | None = None
+
+
+@dataclass(frozen=True)
+class CopyingSpec:
+    """A copying study: ``variants`` (names of ``variant_patch``) trained ``steps`` of ``batch_size`` tiled windows
+    of 4x at ``schedule`` (or ``schedules[name]``), probed every ``probe_every`` steps with ``spans`` spans of
+    ``span`` ids per distance, for each of ``seeds``; the original trained the same tokens at 1x if ``baseline``."""
+
+    name: str
+    variants: tuple[str, ...]
+    steps: int = 150
+    batch_size: int = 8
+    probe_every: int = 25
+    seeds: tuple[int, ...] = (0, 1, 2)
+    span: int = 32
+    spans: int = 10
+    baseline: bool = True
+    schedule: Schedule = Schedule()
+    schedules: dict = field(default_factory=dict)  # variant -> Schedule: the tuned recipes (RoPE)
+    untrained_rows: tuple[str, ...] = ()  # the summary also shows these variants at step 0
+    copier: CopierRecipe = CopierRecipe()
+    copier_min_drop: float = MIN_COPY  # the copier's check (a toy copier in a test cannot copy)
+
+    @property
+    def length(self) -> int:
+        return self.copier.length
+
+    def distances(self) -> list[int]:
+        return [round(m * self.length) for m in MULTIPLES]
+
+    def schedule_of(self, name: str) -> Schedule:
+        return self.schedules.get(name, self.schedule)
+
+
+def variant_config(name: str, length: int) -> dict:
+    """The patch of a copying-study variant: the text study's, plus RoPE and ALiBi that keep the learned table."""
+    if name in ("rope-keep", "alibi-keep"):
+        return {**variant_patch(name.removesuffix("-keep"), length), "absolute": "keep"}
+    return variant_patch(name, length)
+
+
+def narrowed(spec: CopyingSpec, variants: list[str] | None = None, steps: int | None = None, lr: float | None = None,
+             baseline: bool = True, seeds: int | None = None) -> CopyingSpec:
+    """``spec`` with the command line's choices, checked before anything trains."""
+    if variants:
+        spec = replace(spec, variants=tuple(variants), untrained_rows=tuple(n for n in spec.untrained_rows if n in variants))
+    if steps is not None:
+        check_number("--steps", steps, minimum=1, integer=True)
+        spec = replace(spec, steps=steps, probe_every=min(spec.probe_every, steps))
+    if lr is not None:
+        check_number("--lr", lr, above=0)
+        spec = replace(spec, schedule=replace(spec.schedule, lr=lr), schedules={})
+    if seeds is not None:
+        check_number("--seeds", seeds, minimum=1, integer=True)
+        spec = replace(spec, seeds=tuple(range(seeds)))
+    spec = replace(spec, baseline=spec.baseline and baseline)
+    check_spec(spec)
+    return spec
+
+
+def check_spec(spec: CopyingSpec) -> None:
+    """Refuse what cannot run, before the copier trains."""
+    for name in spec.variants:
+        variant_config(name, spec.length)  # raises for an unknown name
+    check_number("--steps", spec.steps, minimum=1, integer=True)
+    check_number("probe_every", spec.probe_every, minimum=1, integer=True)
+    for schedule in [spec.schedule, *spec.schedules.values()]:
+        check_number("--lr", schedule.lr, above=0)
+
+
+# --- the probe ------------------------------------------------------------------------------------------------
+
+
+def probe_stream(spec: CopyingSpec) -> torch.Tensor:
+    """Held-out random ids the probe draws spans and fillers from (a seed no training window uses)."""
+    return torch.randint(0, spec.copier.vocab, (50_000,), generator=torch.Generator().manual_seed(12345))
+
+
+def probe(model, spec: CopyingSpec, distances: list[int], seed: int) -> dict:
+    from ..evaluation.repeat import repeat_probe
+
+    found = repeat_probe(model, None, probe_stream(spec), span=spec.span, distances=distances, spans_per_distance=spec.spans,
+                         seed=PROBE_SEED_SALT + seed, progress=False)
+    return {key: found[key] for key in ("drop", "drop_se")}
+
+
+def check_copier(model, spec: CopyingSpec) -> dict:
+    """The copier's drop at ``CHECK_MULTIPLES``; raises unless every one is at least ``MIN_COPY`` nats."""
+    distances = [round(m * spec.length) for m in CHECK_MULTIPLES]
+    found = {"multiples": list(CHECK_MULTIPLES), **probe(model, spec, distances, seed=0)}
+    short = [f"{d:.2f} at {m:g}x" for d, m in zip(found["drop"], CHECK_MULTIPLES) if d < spec.copier_min_drop]
+    if short:
+        raise ValueError(f"The copier does not copy: its drop on a repeated span is {', '.join(short)}, below {spec.copier_min_drop:g} nats "
+                         "inside its own window; nothing was trained on it. Train it longer (copier steps) and run again.")
+    return found
+
+
+# --- one run --------------------------------------------------------------------------------------------------
+
+
+def run_key(spec: CopyingSpec, name: str, seed: int) -> dict:
+    """Everything a run's result depends on: found again in the work folder, it is not run twice."""
+    return {"variant": name, "seed": seed, "patch": None if name == BASELINE else variant_config(name, spec.length),
+            "schedule": asdict(spec.schedule_of(name)), "copier": asdict(spec.copier),
+            **{k: getattr(spec, k) for k in ("steps", "batch_size", "probe_every", "span", "spans")}}
+
+
+def train_and_probe(base, spec: CopyingSpec, name: str, seed: int) -> dict:
+    """Patch a copy of ``base`` as ``name`` (or keep it, the baseline), probe it, then train and probe every
+    ``probe_every`` steps. The baseline trains the same tokens per step as windows of 1x."""
+    import posswap
+
+    model = copy.deepcopy(base)
+    if name == BASELINE:
+        window, batch = spec.length, spec.batch_size * EXTEND
+    else:
+        posswap.patch(model, variant_config(name, spec.length))
+        window, batch = EXTEND * spec.length, spec.batch_size
+    schedule = spec.schedule_of(name)
+    optimizer = make_optimizer(model, schedule.lr, schedule.position_lr)
+    generator = torch.Generator().manual_seed(1_000 + seed)
+    distances = spec.distances()
+    curve, seconds = [{"step": 0, **probe(model, spec, distances, seed)}], 0.0
+    attention = {"step 0": layer0_attention(model, spec)}
+    for step in range(1, spec.steps + 1):
+        clock = time.perf_counter()
+        model.train()
+        train_step(model, optimizer, tiled_windows(batch, window, (16, window // 2), spec.copier.vocab, generator))
+        seconds += time.perf_counter() - clock
+        if step % spec.probe_every == 0 or step == spec.steps:
+            curve.append({"step": step, **probe(model, spec, distances, seed)})
+    attention["trained"] = layer0_attention(model, spec)
+    return {"key": run_key(spec, name, seed), "train_seconds": round(seconds, 1), "curve": curve, "layer0_attention": attention}
+
+
+ATTENTION_DISTANCE = 16  # offsets shown for the layer-0 heads: the previous-token head lives at 1
+
+
+def layer0_attention(model, spec: CopyingSpec) -> list[list[float]]:
+    """Per head of layer 0, the mean attention weight at each offset 0..``ATTENTION_DISTANCE``, over one window of
+    random ids as long as the model reads (at most 4x): where the previous-token head shows, or does not."""
+    from ..evaluation.stream import context_limit
+    from .pictures import attention_by_distance
+
+    length = min(EXTEND * spec.length, context_limit(model) or EXTEND * spec.length)
+    ids = probe_stream(spec)[-length:]  # the stream's end: the probe's spans rarely reach it, and it is random anyway
+    return attention_by_distance(model, ids, ATTENTION_DISTANCE, per_head=True)[0].tolist()
+
+
+def run_file(work: Path, name: str, seed: int) -> Path:
+    return work / "runs" / name / f"seed{seed}.json"
+
+
+def _worker(base_folder: str, spec: CopyingSpec, name: str, seed: int, work: str) -> str:
+    """One run in a worker process (one thread), written to its file; returns its name for the progress bar."""
+    from .copier import load_copier
+
+    torch.set_num_threads(1)
+    base = load_copier(Path(base_folder), spec.copier)
+    result = train_and_probe(base, spec, name, seed)
+    path = run_file(Path(work), name, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result) + "\n")
+    return f"{name} seed {seed}"
+
+
+def cached_run(work: Path, spec: CopyingSpec, name: str, seed: int) -> dict | None:
+    path = run_file(work, name, seed)
+    if not path.is_file():
+        return None
+    found = json.loads(path.read_text())
+    return found if found.get("key") == json.loads(json.dumps(run_key(spec, name, seed))) else None
+
+
+def run_names(spec: CopyingSpec) -> list[str]:
+    return [*spec.variants, *([BASELINE] if spec.baseline else [])]
+
+
+def run_all(spec: CopyingSpec, base_folder: Path, work: Path, jobs: int, progress: bool = True) -> dict:
+    """Every (variant, seed) not already in ``work``, on ``jobs`` processes; returns {name: [run per seed]}."""
+    from tqdm.auto import tqdm
+
+    todo = [(n, s) for s in spec.seeds for n in run_names(spec) if cached_run(work, spec, n, s) is None]
+    with tqdm(total=len(todo), desc=f"copying study: {len(todo)} runs", disable=not progress or not todo) as bar:
+        if jobs <= 1:
+            for name, seed in todo:
+                bar.set_postfix_str(f"{name} seed {seed}")
+                _worker(str(base_folder), spec, name, seed, str(work))
+                bar.update()
+        elif todo:
+            with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+                futures = [pool.submit(_worker, str(base_folder), spec, n, s, str(work)) for n, s in todo]
+                for future in futures:
+                    bar.set_postfix_str(future.result())
+                    bar.update()
+    return {name: [cached_run(work, spec, name, s) for s in spec.seeds] for name in run_names(spec)}
+
+
+# --- the study ------------------------------------------------------------------------------------------------
+
+
+def run_copying(spec: CopyingSpec, work: Path, out: Path, jobs: int = 2, progress: bool = True) -> dict:
+    """The copier (found or built in ``work``, and checked), every run, then ``out``/copying.json and its
+    summary and pictures. Returns the results dict."""
+    from .copying_report import write_report
+
+    check_spec(spec)
+    started = time.perf_counter()
+    base_folder = Path(work) / "copier"
+    clock = time.perf_counter()
+    base, record = copier(base_folder, spec.copier, check=lambda model: check_copier(model, spec), progress=progress)
+    base_seconds = time.perf_counter() - clock
+    runs = run_all(spec, base_folder, Path(work), jobs, progress)
+    untrained = {name: probe(_patched(base, name, spec), spec, spec.distances(), seed=spec.seeds[0]) for name in spec.untrained_rows}
+    results = {
+        "spec": json.loads(json.dumps(asdict(spec))), "multiples": list(MULTIPLES), "distances": spec.distances(),
+        "target_multiple": TARGET, "min_copy": MIN_COPY, "copier": record,
+        "original": probe(base, spec, spec.distances(), seed=spec.seeds[0]), "original_attention": layer0_attention(base, spec),
+        "untrained": untrained, "runs": runs,
+        "timings_s": {"copier": round(base_seconds, 1), "all": round(time.perf_counter() - started, 1)},
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "copying.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_report(results, out)
+    return results
+
+
+def _patched(base, name: str, spec: CopyingSpec):
+    import posswap
+
+    return posswap.patch(copy.deepcopy(base), variant_config(name, spec.length))
+
+
+def mean_and_std(values: list[float]) -> tuple[float, float | None]:
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, None
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+
+
+# --- the presets ----------------------------------------------------------------------------------------------
+
+# The full copying study: every variant, three seeds, an equal budget (100 steps of 8 x 1024 tokens).
+COPYING = CopyingSpec(name="copying", variants=COPYING_VARIANTS, steps=100)
+# The README's main command: the copier built, then the best method and RoPE trained briefly, one seed.
+MINI = CopyingSpec(name="mini", variants=("t5-bias-fit", "rope"), steps=40, probe_every=20, seeds=(0,), baseline=False,
+                   untrained_rows=("t5-bias-fit",))
+COPYING_PRESETS = {"mini": MINI, "copying": COPYING}
+
+__all__ = ["BASELINE", "COPYING", "COPYING_PRESETS", "COPYING_VARIANTS", "CopyingSpec", "MINI", "MIN_COPY", "MULTIPLES", "Schedule", "run_copying", "variant_config"]
