@@ -50,8 +50,6 @@ def test_bias_is_symmetric_or_causal():
 def test_eager_attention_weights_show_the_bias_direction(model_type, head):
     model = patched(model_type, head, backend="eager")
     # Zero queries and keys: the scores are the bias alone, so the weights are softmax(bias).
-    for attention in find_sites(model).self_attentions():
-        attention.posswap_bias.clear()
     module = find_sites(model).self_attentions()[0]
     q = k = v = torch.zeros(1, 4, 5, 8)
     _, weights = posswap.portable.posswap_attention.bias_eager_attention(module, q, k, v, None, scaling=1.0)

@@ -106,3 +106,39 @@ def test_minilm_reads_2048_forward_and_backward(method, minilm_path):
     assert torch.isfinite(hidden).all()
     unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None and not n.startswith("pooler.")]
     assert unused == []  # the pooler is not on this path; anything else unused would fail DDP
+
+
+def _without_dropout(model):
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return model.train()
+
+
+def _gradients(model, ids, mask) -> dict[str, torch.Tensor | None]:
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, attention_mask=mask)
+    (out.logits if hasattr(out, "logits") else out.last_hidden_state).pow(2).mean().backward()
+    return {name: None if p.grad is None else p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+@pytest.mark.parametrize("method", FACTORIES)
+@pytest.mark.parametrize("model_type,head", [("gpt2", "GPT2LMHeadModel"), ("bert", "BertForMaskedLM"), ("roberta", "RobertaForMaskedLM"), ("electra", "ElectraForPreTraining")])
+def test_gradient_checkpointing_gives_the_plain_gradients(method, model_type, head, reentrant):
+    """A training step with gradient checkpointing (both of torch's modes) gives every parameter the gradient of
+    the plain step: the layers run again in the backward pass must do what they did in the forward."""
+    model = _without_dropout(patched(method, model_type, head))
+    ids = token_ids(24)
+    mask = torch.ones_like(ids)
+    if model_type == "gpt2":
+        mask[1, :5] = 0
+    else:
+        mask[1, -5:] = 0
+    plain = _gradients(model, ids, mask)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    checkpointed = _gradients(model, ids, mask)
+    assert [n for n, g in plain.items() if g is None] == [n for n, g in checkpointed.items() if g is None]
+    for name, grad in plain.items():
+        if grad is not None:
+            torch.testing.assert_close(checkpointed[name], grad, atol=1e-6, rtol=1e-4, msg=lambda m: f"{name}: {m}")

@@ -95,12 +95,18 @@ def test_deepcopy_runs_on_its_own_state(config, tmp_path):
 def test_half_precision_keeps_frequencies_and_slopes_in_fp32(config):
     model = gpt2(config).to(torch.bfloat16)
     ids = torch.randint(3, 99, (1, 8))
+    used = []  # the cos/sin the forward rotates with
+    if config.method == "rope":
+        rotary = model.transformer.posswap_rotary
+        cos_sin = rotary.cos_sin
+        rotary.cos_sin = lambda positions: used.append(cos_sin(positions)) or used[-1]
     with torch.no_grad():
         model(ids, position_ids=torch.tensor([[4000 + i for i in range(8)]]))
     if config.method == "rope":
         inv_freq, _ = model.transformer.posswap_rotary.frequencies(torch.device("cpu"))
         assert inv_freq.dtype == torch.float32
-        cos = model.transformer.h[0].attn.c_attn._posswap_cos_sin[0]
+        assert len(used) == 1  # once per forward, shared by the layers
+        cos = used[0][0]
         assert cos.dtype == torch.float32
         # fp32 angles at 4000: a bf16 inv_freq would be off by whole radians
         torch.testing.assert_close(cos[0, -1, 0], torch.cos(torch.tensor(4007.0)), atol=1e-3, rtol=0)

@@ -9,7 +9,7 @@ import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import posswap
-from conftest import assert_decoding_equals_full_pass, MODEL_IDS, MODELS, OLD_LENGTH, assert_untouched, make_model, outputs, reload_and_compare, snapshot, token_ids
+from conftest import TINY, assert_decoding_equals_full_pass, MODEL_IDS, MODELS, OLD_LENGTH, assert_untouched, make_model, outputs, reload_and_compare, sharpen_qk, snapshot, token_ids
 from posswap.functional import apply_rotary, rope_frequencies, rotary_cos_sin
 
 NEW_LENGTH = 4 * OLD_LENGTH
@@ -78,6 +78,15 @@ def test_scaled_model_runs_and_round_trips(scaling, tmp_path):
 def test_kv_cache_decoding_equals_full_pass(absolute):
     model = posswap.patch(make_model("gpt2", "GPT2LMHeadModel"), posswap.RopeConfig(max_length=NEW_LENGTH, absolute=absolute))
     assert_decoding_equals_full_pass(model, token_ids(40, batch=1), 16, atol=1e-5, rtol=1e-5)
+
+
+def test_bert_decoder_kv_cache_without_position_ids_equals_full_pass():
+    """BERT passes no position_ids: every layer counts its positions from its own cache (not from layer 0's, which
+    already holds the new tokens when the later layers run)."""
+    torch.manual_seed(0)
+    config = transformers.BertConfig(**TINY, max_position_embeddings=OLD_LENGTH, is_decoder=True)
+    model = posswap.patch(sharpen_qk(transformers.BertLMHeadModel(config).eval()), posswap.RopeConfig(max_length=NEW_LENGTH))
+    assert_decoding_equals_full_pass(model, token_ids(20, batch=1), 8)
 
 
 @pytest.mark.parametrize("model_type,head", [("gpt2", "GPT2LMHeadModel"), ("bert", "BertForMaskedLM")])

@@ -102,7 +102,6 @@ def initialize(model: nn.Module, sites: Sites, config: TupeConfig, table: torch.
         provider.cls_reset = True
         provider.cls_to_others.copy_(full[:, 0, :].mean(-1))
         provider.others_to_cls.copy_(full[:, 1:, 0].mean(-1) if full.shape[-1] > 1 else full[:, 0, 0])
-    provider.clear()
 
 
 register_method(TupeConfig, check, apply, initialize)

@@ -5,7 +5,9 @@ One family (sdpa, eager, flex) for every method that adds a bias to the attentio
 comes from a small *provider* (:class:`BiasProvider`): ALiBi's slopes (``posswap_alibi.py``), T5's buckets, TUPE's positional
 correlation. Every patched self-attention module carries ``posswap_bias``, its provider (shared by the layers
 or one per layer); the provider modules themselves hang on the base model as ``posswap_bias_providers``, so
-their parameters are saved, loaded and moved like any other. ``posswap_flex`` is transformers' own flex
+their parameters are saved, loaded and moved like any other. What one forward builds from them (the bias with the
+mask, TUPE's features) is kept in that call's own state (``posswap_state.py``), never on a provider: a model
+served from several threads gives every call its own output. ``posswap_flex`` is transformers' own flex
 attention under a name any model may use (transformers 5 refuses ``flex_attention`` for GPT-2): RoPE's
 ``backend="flex"``.
 
@@ -16,7 +18,7 @@ nothing from the posswap package.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +29,7 @@ from transformers.integrations.flex_attention import compile_friendly_flex_atten
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, flex_attention_mask, sdpa_mask
 
-from .posswap_hooks import remove_hooks
+from .posswap_state import install_call_state, shared
 
 # backend -> registered name. No name contains "flex_attention": transformers refuses that for GPT-2.
 BIAS_IMPLEMENTATIONS = {"sdpa": "posswap_bias_sdpa", "flex": "posswap_bias_flex", "eager": "posswap_bias_eager"}
@@ -46,23 +48,14 @@ class BiasProvider(nn.Module):
     (q, k) tensor. ``has_bias = False``: features only, the kernel runs with the model's own mask.
     ``has_features = True``: the provider gives them.
     ``position_offset``: subtracted from explicit position ids (RoBERTa's padding_idx + 1), for absolute methods.
-    ``cache`` keeps the bias+mask and ``feature_cache`` the features of the current forward: every layer sharing
-    this provider reuses them (built once, and autograd saves one copy), and a hook on the base model empties
-    them when the forward ends.
+    A provider holds no per-call state: the bias+mask and the features of one forward live in that call's state
+    (``posswap_state.CallState``), where every layer sharing this provider reuses them (built once, and autograd
+    saves one copy).
     """
 
     has_bias = True
     has_features = False
     position_offset = 0
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.cache: list[Any] = []  # [(mask, position_ids, q_len, k_len, dtype), bias_mask]
-        self.feature_cache: list[Any] = []  # [(position_ids, q_len, k_len, scaling, dtype), (fq, fk)]
-
-    def clear(self) -> None:
-        self.cache.clear()
-        self.feature_cache.clear()
 
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -93,13 +86,6 @@ def bias_positions(
     return k_pos[:, k_len - q_len :], k_pos
 
 
-def _same(a: Any, b: Any) -> bool:
-    # Tensors by identity: the cache holds them, so an id cannot be reused while the entry lives.
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) or a is None or b is None:
-        return a is b
-    return a == b
-
-
 def _writable(bias: torch.Tensor, mask_shape: torch.Size) -> torch.Tensor:
     """A tensor of the broadcast shape that the mask may be folded into in place: ``bias`` itself when it is a
     fresh tensor of that shape (at 4k tokens one (heads, n, n) tensor is hundreds of MiB, so no second one),
@@ -108,19 +94,13 @@ def _writable(bias: torch.Tensor, mask_shape: torch.Size) -> torch.Tensor:
     return bias if bias.shape == shape and not bias.requires_grad else bias.expand(shape).clone()
 
 
-def _cached(store: list, key: tuple, build: Callable) -> Any:
-    """``build()`` once per forward: the layers sharing a provider pass the same inputs (position ids are the
-    same tensor object), so the first layer builds and the others reuse."""
-    if not (store and all(map(_same, store[0], key))):
-        store[:] = [key, build()]
-    return store[1]
-
-
-def additive_mask(module, query, key, attention_mask, position_ids) -> torch.Tensor:
-    """Bias plus mask as one float mask (batch or 1, heads, q, k) in the query's dtype; built once per forward."""
+def additive_mask(module, query, key, attention_mask, kwargs: dict) -> torch.Tensor:
+    """Bias plus mask as one float mask (batch or 1, heads, q, k) in the query's dtype; built once per forward (the
+    layers sharing a provider pass the same inputs: the same mask and position ids tensors), in the call's state."""
     provider: BiasProvider = module.posswap_bias
-    cache_key = (attention_mask, position_ids, query.shape[2], key.shape[2], query.dtype)
-    return _cached(provider.cache, cache_key, lambda: _build_mask(module, query, key, attention_mask, position_ids))
+    position_ids = kwargs.get("position_ids")
+    key_ = (attention_mask, position_ids, query.shape[2], key.shape[2], query.dtype)
+    return shared(kwargs, (provider, "mask"), key_, lambda: _build_mask(module, query, key, attention_mask, position_ids))
 
 
 def _build_mask(module, query, key, attention_mask, position_ids) -> torch.Tensor:
@@ -143,20 +123,21 @@ def _build_mask(module, query, key, attention_mask, position_ids) -> torch.Tenso
     return combined
 
 
-def with_features(module, query, key, scaling: float, position_ids) -> tuple[torch.Tensor, torch.Tensor]:
+def with_features(module, query, key, scaling: float, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """q and k with the provider's extra features appended (unchanged when it has none). ``scaling`` is the
-    layer's own, taken before the head dim grows."""
+    layer's own, taken before the head dim grows. The features are built once per forward, in the call's state."""
     provider: BiasProvider = module.posswap_bias
     if not provider.has_features:
         return query, key
     q_len, k_len = query.shape[2], key.shape[2]
+    position_ids = kwargs.get("position_ids")
 
     def build():
         positions = bias_positions(position_ids, q_len, k_len, query.device, provider.position_offset)
         return tuple(f.to(query.dtype) for f in provider.features(*positions, scaling))
 
-    cache_key = (position_ids, q_len, k_len, scaling, query.dtype)
-    fq, fk = (f.expand(query.shape[0], -1, -1, -1) for f in _cached(provider.feature_cache, cache_key, build))
+    key_ = (position_ids, q_len, k_len, scaling, query.dtype)
+    fq, fk = (f.expand(query.shape[0], -1, -1, -1) for f in shared(kwargs, (provider, "features"), key_, build))
     return torch.cat([query, fq], dim=-1), torch.cat([key, fk], dim=-1)
 
 
@@ -164,8 +145,8 @@ def bias_sdpa_attention(module, query, key, value, attention_mask, dropout: floa
     if not hasattr(module, "posswap_bias"):  # cross-attention: not patched, plain SDPA
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     scaling, head_dim = (query.shape[-1] ** -0.5 if scaling is None else scaling), value.shape[-1]
-    mask = additive_mask(module, query, key, attention_mask, kwargs.get("position_ids")) if module.posswap_bias.has_bias else None
-    query, key = with_features(module, query, key, scaling, kwargs.get("position_ids"))
+    mask = additive_mask(module, query, key, attention_mask, kwargs) if module.posswap_bias.has_bias else None
+    query, key = with_features(module, query, key, scaling, kwargs)
     if query.shape[-1] != head_dim:
         # CPU's fused SDPA kernels want v as wide as q and k (else the math path, 3x slower): zeros, cut off after.
         value = F.pad(value, (0, query.shape[-1] - head_dim))
@@ -182,10 +163,10 @@ def bias_eager_attention(module, query, key, value, attention_mask, dropout: flo
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     if module.posswap_bias.has_bias:
-        mask = additive_mask(module, query, key, attention_mask, kwargs.get("position_ids"))
+        mask = additive_mask(module, query, key, attention_mask, kwargs)
     else:  # eager_mask always gives a float mask; none only where nothing is masked
         mask = 0.0 if attention_mask is None else attention_mask[..., : key.shape[2]]
-    query, key = with_features(module, query, key, scaling, kwargs.get("position_ids"))
+    query, key = with_features(module, query, key, scaling, kwargs)
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling + mask
     weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
     weights = F.dropout(weights, p=dropout, training=module.training)
@@ -217,20 +198,11 @@ def bias_flex_attention(module, query, key, value, attention_mask, dropout: floa
         def score_mod(score, b, h, q_idx, kv_idx):
             return score + term(b, h, q_idx, kv_idx)
 
-    query, key = with_features(module, query, key, scaling, kwargs.get("position_ids"))
+    query, key = with_features(module, query, key, scaling, kwargs)
     out = compile_friendly_flex_attention(
         query, key, value, score_mod=score_mod, block_mask=attention_mask, scale=scaling, training=module.training
     )
     return out.transpose(1, 2).contiguous(), None
-
-
-class ClearBiasCache:
-    """Forward hook on the base model: empties every provider's cache when the forward ends (an object that
-    finds the providers on the module it is called with, so deepcopy and replicas clear their own)."""
-
-    def __call__(self, base: nn.Module, *args: Any) -> None:
-        for provider in base.posswap_bias_providers:
-            provider.clear()
 
 
 def install_bias(model: nn.Module, base: nn.Module, attentions: list, providers: list[BiasProvider], backend: str) -> None:
@@ -242,8 +214,7 @@ def install_bias(model: nn.Module, base: nn.Module, attentions: list, providers:
     base.posswap_bias_providers = nn.ModuleList(providers).to(device=reference.device, dtype=reference.dtype)
     for i, attention in enumerate(attentions):
         object.__setattr__(attention, "posswap_bias", providers[i % len(providers)])
-    remove_hooks(base, ClearBiasCache)
-    base.register_forward_hook(ClearBiasCache(), always_call=True)  # also on errors
+    install_call_state(base)  # each forward's bias and features live in that call's state
     model.set_attn_implementation(BIAS_IMPLEMENTATIONS[backend])
 
 

@@ -2,8 +2,14 @@
 
 Keys are rotated as the projection produces them, before the attention module writes them to the KV cache
 (as Llama's attention does), so cached keys keep the rotation of their own positions and the attention kernel
-(SDPA, flex, eager) runs unchanged. Hooks are callable objects, not closures, and per-forward cos/sin live on
-the modules: ``copy.deepcopy`` and DataParallel replicas each rotate with their own state.
+(SDPA, flex, eager) runs unchanged. Hooks are callable objects, not closures, so ``copy.deepcopy``, pickling and
+DataParallel replicas rotate with their own.
+
+Per-call state is never written to a module (a model served from several threads gives each call its own output):
+cos/sin are computed once per forward and kept in the call's state (``posswap_state.py``), which transformers
+hands to every attention module in its kwargs; the attention's pre-hook hands them to its q/k projections' hooks
+through a per-thread table (the projection is called in the same thread, inside the attention's forward), and the
+attention's forward hook takes them out again.
 
 Frequencies are computed on first use, per device, in fp32: never a buffer, so building the model on the meta
 device (transformers' loading) and ``model.to(torch.bfloat16)`` leave them exact.
@@ -13,11 +19,27 @@ It travels with saved models (``posswap/portable``), so it imports nothing from 
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch import nn
 
 from .posswap_functional import apply_rotary, rope_frequencies, rotary_cos_sin
-from .posswap_hooks import remove_hooks
+from .posswap_hooks import find_hooks, remove_hooks
+from .posswap_state import install_call_state, shared
+
+# projection module -> (cos, sin) of the attention call running in this thread; set by PrepareRotation, read by
+# RotateProjection, removed by EndRotation. Module-level (a thread-local cannot be deep-copied or pickled).
+_HANDOFF = threading.local()
+# Serialises (re)hooking a projection that peft wrapped, so two first calls cannot hook it twice.
+_HOOKING = threading.Lock()
+
+
+def _handoff() -> dict:
+    table = getattr(_HANDOFF, "table", None)
+    if table is None:
+        table = _HANDOFF.table = {}
+    return table
 
 
 def resolve_rotary_dim(rotary_dim: float | int | None, head_dim: int) -> int:
@@ -41,8 +63,8 @@ class Rotary(nn.Module):
         self.original_length = block["original_length"]
         factor = block.get("factor")
         self.factor = max(factor if factor is not None else block["max_length"] / self.original_length, 1.0)
+        # Filled on first use per device; every thread would store the same values.
         self._inv_freq: dict[torch.device, tuple[torch.Tensor, float]] = {}
-        self._last: tuple | None = None  # (position_ids, (cos, sin)) of the current forward
 
     def frequencies(self, device: torch.device, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
         """fp32 inverse frequencies and the cos/sin scale; ``seq_len`` only matters for dynamic scaling."""
@@ -60,13 +82,7 @@ class Rotary(nn.Module):
         )
 
     def cos_sin(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every layer gets the same position_ids tensor in one forward: computed once, then reused (by
-        identity: the tensor is held here, so its id cannot be reused while the entry lives)."""
-        if self._last is None or self._last[0] is not position_ids:
-            self._last = (position_ids, self._cos_sin(position_ids))
-        return self._last[1]
-
-    def _cos_sin(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 (batch or 1, n, rotary_dim) cos and sin of ``position_ids``; a pure function of them."""
         seq_len = None
         if self.scaling == "dynamic":  # frequencies follow the longest position seen (NTK-aware)
             longest = int(position_ids.max()) + 1
@@ -80,13 +96,17 @@ class Rotary(nn.Module):
 
 class RotateProjection:
     """Forward hook on a q/k projection: rotates the query/key chunks of its output with the cos/sin that
-    :class:`PrepareRotation` left on the projection module for this forward."""
+    :class:`PrepareRotation` handed over for the attention call running in this thread. A projection called
+    outside its attention module (no positions) is left as it is."""
 
     def __init__(self, chunks: tuple[int, ...], width: int, head_dim: int):
         self.chunks, self.width, self.head_dim = chunks, width, head_dim
 
-    def __call__(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
-        cos, sin = module._posswap_cos_sin
+    def __call__(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor | None:
+        cos_sin = _handoff().get(module)
+        if cos_sin is None:
+            return None
+        cos, sin = cos_sin
         pieces = list(output.split(self.width, dim=-1))
         for i in self.chunks:
             x = pieces[i]
@@ -95,9 +115,10 @@ class RotateProjection:
 
 
 class PrepareRotation:
-    """Forward pre-hook on a self-attention module: positions -> cos/sin, handed to its q/k projections.
+    """Forward pre-hook on a self-attention module: positions -> cos/sin (once per forward, in the call's state),
+    handed to its q/k projections for this call.
 
-    It (re)hooks the projection modules it finds each time, so a projection that peft wrapped with LoRA (or
+    It checks that the projection modules it finds are hooked, so a projection that peft wrapped with LoRA (or
     that merge_and_unload put back) is rotated once, with the LoRA update included.
     """
 
@@ -105,24 +126,43 @@ class PrepareRotation:
         self.rotary, self.projections, self.width = rotary, projections, width
 
     def __call__(self, attention: nn.Module, args: tuple, kwargs: dict) -> None:
-        hidden = args[0] if args else kwargs["hidden_states"]
         positions = kwargs.get("position_ids")
-        if positions is None:  # BERT passes none unless the user did: count from what the cache holds
+        if positions is None:  # BERT passes none unless the user did: count from what this layer's cache holds
+            hidden = args[0] if args else kwargs["hidden_states"]
             cache = kwargs.get("past_key_values")
-            past = cache.get_seq_length() if cache is not None else 0
-            positions = torch.arange(past, past + hidden.shape[1], device=hidden.device)[None]
-        cos_sin = self.rotary.cos_sin(positions)
+            past = cache.get_seq_length(getattr(attention, "layer_idx", None) or 0) if cache is not None else 0
+            key = (past, hidden.shape[1], hidden.device)
+            cos_sin = shared(kwargs, self.rotary, key, lambda: self.rotary.cos_sin(
+                torch.arange(past, past + hidden.shape[1], device=hidden.device)[None]))
+        else:
+            cos_sin = shared(kwargs, self.rotary, (positions,), lambda: self.rotary.cos_sin(positions))
+        table = _handoff()
         for name, chunks in self.projections:
             projection = getattr(attention, name)
-            self._hook_only(projection, chunks)
-            projection._posswap_cos_sin = cos_sin
+            if not find_hooks(projection, RotateProjection):
+                self.hook(projection, chunks)
+            table[projection] = cos_sin
 
-    def _hook_only(self, projection: nn.Module, chunks: tuple[int, ...]) -> None:
-        if any(isinstance(h, RotateProjection) for h in projection._forward_hooks.values()):
-            return
-        for inner in projection.modules():  # a wrapped projection: its old hook would rotate twice
-            remove_hooks(inner, RotateProjection)
-        projection.register_forward_hook(RotateProjection(chunks, self.width, self.rotary.head_dim))
+    def hook(self, projection: nn.Module, chunks: tuple[int, ...]) -> None:
+        with _HOOKING:
+            if find_hooks(projection, RotateProjection):
+                return  # another thread got here first
+            for inner in projection.modules():  # a wrapped projection: its old hook would rotate twice
+                remove_hooks(inner, RotateProjection)
+            projection.register_forward_hook(RotateProjection(chunks, self.width, self.rotary.head_dim))
+
+
+class EndRotation:
+    """Forward hook on a self-attention module (also on errors): takes its projections' cos/sin out of this
+    thread's table, so that nothing outlives the call."""
+
+    def __init__(self, projections: tuple):
+        self.projections = projections
+
+    def __call__(self, attention: nn.Module, *args) -> None:
+        table = _handoff()
+        for name, _ in self.projections:
+            table.pop(getattr(attention, name), None)
 
 
 def install_rotary(base: nn.Module, attentions: list[nn.Module], projections: tuple, block: dict) -> Rotary:
@@ -134,5 +174,12 @@ def install_rotary(base: nn.Module, attentions: list[nn.Module], projections: tu
     base.posswap_rotary = rotary  # a submodule: it shows in print(model), and travels with deepcopy
     for attention in attentions:
         remove_hooks(attention, PrepareRotation)
-        attention.register_forward_pre_hook(PrepareRotation(rotary, projections, heads * head_dim), with_kwargs=True)
+        remove_hooks(attention, EndRotation)
+        prepare = PrepareRotation(rotary, projections, heads * head_dim)
+        attention.register_forward_pre_hook(prepare, with_kwargs=True)
+        attention.register_forward_hook(EndRotation(projections), always_call=True)
+        for name, chunks in projections:  # hooked now, not by the first calls (which may run in several threads)
+            if not find_hooks(getattr(attention, name), RotateProjection):
+                prepare.hook(getattr(attention, name), chunks)
+    install_call_state(base)  # each forward's cos/sin live in that call's state
     return rotary

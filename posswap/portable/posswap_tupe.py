@@ -50,11 +50,6 @@ class TupeBias(BiasProvider):
             self.cls_to_others = nn.Parameter(torch.empty(num_heads))
             self.others_to_cls = nn.Parameter(torch.empty(num_heads))
 
-    def clear(self) -> None:
-        super().clear()
-        if self.relative is not None:
-            self.relative.clear()
-
     def projected(self, pos: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """(b|1, heads, n, head_dim) in fp32: rows of the table at ``pos`` through U_Q or U_K."""
         rows = self.positions.float()[pos.clamp(0, self.positions.shape[0] - 1)]  # padded keys: any row, masked
@@ -67,7 +62,7 @@ class TupeBias(BiasProvider):
         return fq @ fk.transpose(-1, -2)
 
     def features(self, q_pos: torch.Tensor, k_pos: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """Built once per forward and shared by the layers (the attention family caches them)."""
+        """Built once per forward and shared by the layers (the attention family keeps them in the call's state)."""
         # The kernel multiplies q.k by the layer's scaling: divide it out, so the term is the paper's 1/sqrt(2d).
         fq = self.projected(q_pos, self.query) / (math.sqrt(2 * self.head_dim) * scaling)
         fk = self.projected(k_pos, self.key)
