@@ -184,7 +184,7 @@ def _cmd_copying_study(args: argparse.Namespace) -> None:
     variants = args.variants.split(",") if args.variants else None
     spec = narrowed(COPYING_PRESETS[args.preset], variants, args.steps, args.lr, not args.no_baseline, args.seeds)  # checked first
     work = Path(args.work or f"out/study-{args.preset}")
-    out = Path(args.out or ("results/copying" if args.preset == "copying" else work / "results"))
+    out = Path(args.out or (f"results/{args.preset}" if args.preset != "mini" else work / "results"))
     if args.report_only:
         found = out / "copying.json"
         if not found.is_file():
@@ -192,7 +192,7 @@ def _cmd_copying_study(args: argparse.Namespace) -> None:
         print(write_report(json.loads(found.read_text()), out))
         return
     started = time.perf_counter()
-    results = run_copying(spec, work, out, jobs=args.jobs)
+    results = run_copying(spec, work, out, jobs=args.jobs, build_copier=args.build_copier)
     print(write_report(results, out))
     print(f"Wall time {(time.perf_counter() - started) / 60:.1f} min; table in {out}/summary.md, picture {out}/probe.png.")
 
@@ -240,11 +240,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(run=_cmd_train)
 
     s = commands.add_parser("study", help="The extension study: each method on each base, untrained and after an equal budget.")
-    s.add_argument("--preset", choices=("mini", "copying", "full", "minilm-mini"), default="full", help=(
-        "mini: the copier (a small GPT-2 that copies) built, then the best method and RoPE trained briefly at 4x and probed "
-        "(<= 6 min on 2 CPU cores); copying: every method on the copier, three seeds (results/copying/); full: the text "
+    s.add_argument("--preset", choices=("mini", "copying", "copying-rope", "full", "minilm-mini"), default="full", help=(
+        "mini: the copier (a small GPT-2 that copies inside its 256 positions) patched with the best method and with RoPE, "
+        "each trained briefly at 4x and probed "
+        "(<= 6 min on 2 CPU cores); copying: every method on the copier, three seeds (results/copying/); copying-rope: "
+        "RoPE recipes on the copier, 300 steps (results/copying-rope/); full: the text "
         "study on both bases (results/); minilm-mini: the repeat probe on MiniLM before and after a short ALiBi training."))
     s.add_argument("--seeds", type=int, default=None, help="Copying presets: number of seeds (training order and probe draws; default: the preset's).")
+    s.add_argument("--build-copier", action="store_true", help="Copying presets: train the copier from its recipe (about 4 min on 2 cores) instead of using the one posswap ships, made by that recipe.")
     s.add_argument("--jobs", type=int, default=2, help="Copying presets: runs at once, one CPU thread each (default 2).")
     s.add_argument("--budget", choices=("quick", "long"), default=None, help="Phase of the full study: quick (every variant, a small budget) or long (the quick phase's best four and the original, longer; run quick first).")
     s.add_argument("--device", default=None, help="Where training and scoring run: cpu, cuda, cuda:N (default: cuda if available, else cpu).")

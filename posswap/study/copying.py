@@ -13,7 +13,7 @@ import copy
 import json
 import math
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
@@ -71,13 +71,29 @@ class CopyingSpec:
         return [round(m * self.length) for m in MULTIPLES]
 
     def schedule_of(self, name: str) -> Schedule:
-        return self.schedules.get(name, self.schedule)
+        return self.schedules.get(name, ROPE_RECIPES[name][1] if name in ROPE_RECIPES else self.schedule)
+
+
+# RoPE recipes tried for rebuilding copying (the study's rope drops the table and loses the circuit): what changes
+# in the patch, and how they train. "partial": a quarter of each head's dims rotated, the rest left as they were.
+ROPE_RECIPES = {
+    "rope-lr1e-3": ({}, Schedule(lr=1e-3)),
+    "rope-keep-lr1e-3": ({"absolute": "keep"}, Schedule(lr=1e-3)),
+    "rope-partial": ({"rotary_dim": 0.25}, Schedule(lr=1e-3)),
+    "rope-partial-keep": ({"rotary_dim": 0.25, "absolute": "keep"}, Schedule()),
+    "rope-partial-keep-plr": ({"rotary_dim": 0.25, "absolute": "keep"}, Schedule(position_lr=3e-3)),
+}
 
 
 def variant_config(name: str, length: int) -> dict:
-    """The patch of a copying-study variant: the text study's, plus RoPE and ALiBi that keep the learned table."""
+    """The patch of a copying-study variant: the text study's, RoPE and ALiBi that keep the learned table, and the
+    RoPE recipes."""
     if name in ("rope-keep", "alibi-keep"):
         return {**variant_patch(name.removesuffix("-keep"), length), "absolute": "keep"}
+    if name in ROPE_RECIPES:
+        return {**variant_patch("rope", length), **ROPE_RECIPES[name][0]}
+    if name not in VARIANTS:
+        raise ValueError(f"Unknown study variant {name!r}; choose from {', '.join([*COPYING_VARIANTS, *ROPE_RECIPES])}.")
     return variant_patch(name, length)
 
 
@@ -232,8 +248,8 @@ def run_all(spec: CopyingSpec, base_folder: Path, work: Path, jobs: int, progres
         elif todo:
             with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
                 futures = [pool.submit(_worker, str(base_folder), spec, n, s, str(work)) for n, s in todo]
-                for future in futures:
-                    bar.set_postfix_str(future.result())
+                for future in as_completed(futures):
+                    bar.set_postfix_str(f"{future.result()} done")
                     bar.update()
     return {name: [cached_run(work, spec, name, s) for s in spec.seeds] for name in run_names(spec)}
 
@@ -241,16 +257,17 @@ def run_all(spec: CopyingSpec, base_folder: Path, work: Path, jobs: int, progres
 # --- the study ------------------------------------------------------------------------------------------------
 
 
-def run_copying(spec: CopyingSpec, work: Path, out: Path, jobs: int = 2, progress: bool = True) -> dict:
-    """The copier (found or built in ``work``, and checked), every run, then ``out``/copying.json and its
-    summary and pictures. Returns the results dict."""
+def run_copying(spec: CopyingSpec, work: Path, out: Path, jobs: int = 2, progress: bool = True, build_copier: bool = False) -> dict:
+    """The copier (found in ``work``, else the shipped one, else built there; ``build_copier``: built from its
+    recipe in any case), checked; every run; then ``out``/copying.json and its summary and pictures. Returns the
+    results dict."""
     from .copying_report import write_report
 
     check_spec(spec)
     started = time.perf_counter()
     base_folder = Path(work) / "copier"
     clock = time.perf_counter()
-    base, record = copier(base_folder, spec.copier, check=lambda model: check_copier(model, spec), progress=progress)
+    base, record = copier(base_folder, spec.copier, check=lambda model: check_copier(model, spec), progress=progress, build=build_copier)
     base_seconds = time.perf_counter() - clock
     runs = run_all(spec, base_folder, Path(work), jobs, progress)
     untrained = {name: probe(_patched(base, name, spec), spec, spec.distances(), seed=spec.seeds[0]) for name in spec.untrained_rows}
@@ -286,9 +303,11 @@ def mean_and_std(values: list[float]) -> tuple[float, float | None]:
 
 # The full copying study: every variant, three seeds, an equal budget (100 steps of 8 x 1024 tokens).
 COPYING = CopyingSpec(name="copying", variants=COPYING_VARIANTS, steps=100)
+# What lets RoPE copy again: the recipes, longer (300 steps), one seed each.
+ROPE = CopyingSpec(name="rope", variants=("rope", "rope-keep", *ROPE_RECIPES), steps=300, probe_every=50, seeds=(0,), baseline=False)
 # The README's main command: the copier built, then the best method and RoPE trained briefly, one seed.
 MINI = CopyingSpec(name="mini", variants=("t5-bias-fit", "rope"), steps=40, probe_every=20, seeds=(0,), baseline=False,
                    untrained_rows=("t5-bias-fit",))
-COPYING_PRESETS = {"mini": MINI, "copying": COPYING}
+COPYING_PRESETS = {"mini": MINI, "copying": COPYING, "copying-rope": ROPE}
 
 __all__ = ["BASELINE", "COPYING", "COPYING_PRESETS", "COPYING_VARIANTS", "CopyingSpec", "MINI", "MIN_COPY", "MULTIPLES", "Schedule", "run_copying", "variant_config"]

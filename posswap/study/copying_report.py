@@ -72,7 +72,9 @@ def summary(results: dict) -> str:
         f"The copier: a {copier['n_layer']}-layer GPT-2 ({copier['n_embd']} wide, {length} learned positions, {copier['vocab']} random ids) "
         f"trained {copier['steps']} steps to copy" + (f"; its drop at 0.25/0.5/0.75x: {' / '.join(f'{d:.2f}' for d in check)} nats" if check else "") + ". "
         f"Each variant: patched (tables to {4 * length}, the rest to {8 * length}), trained {spec['steps']} steps of "
-        f"{spec['batch_size']} x {4 * length} tiled random ids; `{BASELINE}`: the same tokens at {length}, read with a sliding window. "
+        f"{spec['batch_size']} x {4 * length} tiled random ids"
+        + (f"; `{BASELINE}`: the same tokens at {length}, read with a sliding window. " if spec["baseline"] else ". ")
+        + "The original reads past its window with a sliding window. "
         f"Probe: a span of {spec['span']} random ids, d random ids, the span again; the loss drop on the repeat in nats "
         f"(perfect copying: {math.log(copier['vocab']):.2f}), mean over {spec['spans']} spans"
         + (f", ± standard deviation over {seeds} seeds (training order and probe draws)." if seeds > 1 else "."), "",
