@@ -86,8 +86,9 @@ def summary(results: dict) -> str:
 
 
 def _colours(names: list[str]):
-    cmap = plt.get_cmap("tab20")
-    return {name: cmap(i % 20) for i, name in enumerate(names)}
+    cmap = plt.get_cmap("tab20")  # its dark shades first (even indices), then the light ones: neighbours differ in hue
+    order = [*range(0, 20, 2), *range(1, 20, 2)]
+    return {name: cmap(order[i % 20]) for i, name in enumerate(names)}
 
 
 def plot_probe(results: dict, path: Path) -> Path:
