@@ -53,6 +53,14 @@ def _cmd_patch(args: argparse.Namespace) -> None:
     config = config_from_dict({"method": args.method, **_chosen_options(args)})
     source = resolve_model_id(args.model)
     check_folder_target(args.out, args.overwrite, source)
+    from .sentence_models import patch_folder
+
+    done = patch_folder(source, config, args.out, args.overwrite)  # None: not a sentence-transformers model
+    if done is not None:
+        model, before, after = done
+        print(f"Patched {args.model} ({type(model).__name__}) with {config.method}: max_position_embeddings {before} -> "
+              f"{after}, max_seq_length {model.max_seq_length}. Saved to {args.out}")
+        return
     model, tokenizer = load_model_and_tokenizer(source)
     before = model.config.max_position_embeddings
     patch(model, config, tokenizer=tokenizer)  # checks the memory it needs before allocating

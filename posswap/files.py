@@ -1,26 +1,33 @@
 """Output folders without data loss: a target is checked before anything is written, the new folder is
 staged beside it and renamed into place, and only a model folder (one with ``config.json``) is ever replaced.
+One writer at a time: the target's lock (``.NAME.posswap-lock``) is held from the check to the rename, and a
+second writer is refused at once.
 
 Staging folders are named ``.NAME.posswap-staging-PID-XXXX`` (and ``.NAME.posswap-old-PID-XXXX`` for the
 folder being replaced), so a run that was killed half-way leaves names the next write to NAME recognises.
+The machinery is in ``portable/posswap_files.py``, which saved models carry for their own ``save_pretrained``.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import secrets
 import shutil
 from pathlib import Path
 from typing import Callable
 
-STAGING, RETIRED = "posswap-staging", "posswap-old"
-_OURS = re.compile(rf"^\.(?P<name>.+)\.(?P<kind>{STAGING}|{RETIRED})-(?P<pid>\d+)-[0-9a-f]+$")
-
-
-def absolute(path: str | os.PathLike) -> Path:
-    """``.`` and ``out/..`` made absolute without following links, so the target always has a name."""
-    return Path(os.path.abspath(os.path.expanduser(str(path))))
+from .portable.posswap_files import (  # noqa: F401  (LOCK, RETIRED, STAGING, Busy, lock_path: for callers and tests)
+    LOCK,
+    RETIRED,
+    STAGING,
+    Busy,
+    absolute,
+    clean_stale,
+    entries,
+    hold,
+    lock_path,
+    new_name,
+    swap_into_place,
+)
 
 
 def is_model_folder(path: Path) -> bool:
@@ -36,7 +43,7 @@ def check_folder_target(out: str | os.PathLike, overwrite: bool = False, source:
     _check_parents(target, flag, out)
     if target.is_symlink() or (target.exists() and not target.is_dir()):
         raise ValueError(f"{flag} {out} exists and is not a folder (a file or a link); choose a new folder.")
-    if not target.exists() or not any(target.iterdir()):
+    if not target.exists() or not entries(target):  # a lock file a killed writer left is not content
         return target
     if not overwrite:
         raise ValueError(
@@ -70,41 +77,31 @@ def _check_parents(target: Path, flag: str, out) -> None:
 
 
 def write_folder(out: str | os.PathLike, write: Callable[[Path], None], overwrite: bool = False, source: str | None = None, flag: str = "--out") -> Path:
-    """Check ``out``, call ``write(staging)`` on a new folder beside it, then rename that into place."""
-    clean_stale(absolute(out))  # first: a model folder a killed run moved aside comes back, and is checked
-    target = check_folder_target(out, overwrite, source, flag)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = _new_name(target, STAGING)
-    staging.mkdir()  # not mkdtemp: the folder gets the user's umask (0755), not 0700
-    try:
-        write(staging)
-        _normal_permissions(staging)
-        if target.exists() and any(target.iterdir()):  # a model folder that check_folder_target allowed
-            retired = _new_name(target, RETIRED)
-            os.replace(target, retired)
-            os.replace(staging, target)
-            shutil.rmtree(retired)
-        else:
-            os.replace(staging, target)  # rename(2) replaces an empty folder
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
+    """Check ``out``, call ``write(staging)`` on a new folder beside it, then rename that into place; all of it
+    under ``out``'s lock, so that a second writer of the same folder is refused instead of replacing the first's."""
+    target = check_folder_target(out, overwrite, source, flag)  # a bad target is named before the lock is taken
+    with hold(target, "", lambda pid, by: busy_message(flag, out, pid, by)):
+        clean_stale(target)  # a model folder a killed run moved aside comes back, and is checked
+        check_folder_target(out, overwrite, source, flag)  # again: another writer may have finished meanwhile
+        staging = new_name(target, STAGING)
+        staging.mkdir()  # not mkdtemp: the folder gets the user's umask (0755), not 0700
+        try:
+            write(staging)
+            _normal_permissions(staging)
+            clean_stale(target)  # lock files nobody holds inside a folder being replaced
+            swap_into_place(staging, target)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging)
     return target
 
 
-def clean_stale(target: Path) -> None:
-    """Remove what a killed write to ``target`` left: its staging folder, and the replaced model folder
-    (put back if the new one never arrived). Folders of writes that are still running are left alone."""
-    if target.is_symlink() or not target.parent.is_dir():
-        return
-    for path in target.parent.iterdir():
-        match = _OURS.match(path.name)
-        if not match or match["name"] != target.name or _running(int(match["pid"])):
-            continue
-        if match["kind"] == RETIRED and not (target.exists() and any(target.iterdir())):
-            os.replace(path, target)
-        else:
-            shutil.rmtree(path, ignore_errors=True)
+def busy_message(flag: str, out, pid: int | None, by: str | None) -> str:
+    who = f"pid {pid}" if pid is not None else "pid unknown"
+    return (
+        f"{flag} {out}: another posswap process ({who}{', ' + by if by else ''}) is writing that folder now; "
+        "wait for it to finish, or choose another folder."
+    )
 
 
 def remove_model_folder(path: Path) -> None:
@@ -125,17 +122,3 @@ def _normal_permissions(folder: Path) -> None:
         if not path.is_symlink():
             executable = path.is_dir() or path.stat().st_mode & 0o111
             path.chmod((0o777 if executable else 0o666) & ~umask)
-
-
-def _new_name(target: Path, kind: str) -> Path:
-    return target.parent / f".{target.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}"
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's live process
-    return True

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .evaluation.results import Results
+from .sentence_models import is_sentence_transformer, loading_lines, save, transformer_module
 from .version import __version__
 
 CARD_MARKER = "<!-- posswap model card -->"  # lets a later push tell its own card from one the user wrote
@@ -52,7 +53,9 @@ def model_card(
         )
     base_model = base_model or _hub_id(config.get("_name_or_path") or getattr(model_or_folder, "name_or_path", None))
     method = block["method"]
-    meta = ModelCardData(library_name="transformers", base_model=base_model, tags=["posswap", method], license=license)
+    sentence = _is_sentence_transformers(model_or_folder)
+    meta = ModelCardData(library_name="sentence-transformers" if sentence else "transformers", base_model=base_model,
+                         tags=["posswap", method] + ["sentence-transformers"] * sentence, license=license)
 
     name = (config.get("architectures") or ["AutoModel"])[0]
     repo = json.dumps(repo_id or "<repo id>")
@@ -69,7 +72,7 @@ def model_card(
     if parameters:
         rows = [f"| `{k}` | {'default' if v is None else f'`{v}`'} |" for k, v in parameters.items()]
         lines += ["| parameter | value |", "|---|---|", *rows, ""]
-    lines += _loading_section(method, name, repo, block)
+    lines += loading_lines(method, repo) if sentence else _loading_section(method, name, repo, block)
     if data is not None or steps is not None:
         lines += ["## Training", ""]
         lines += [f"- data: {data}"] if data is not None else []
@@ -121,7 +124,7 @@ def push_to_hub(
                 raise ValueError(f"{folder} has no config.json: pass a folder that save_pretrained wrote.")
         else:
             folder = Path(tmp)
-            source.save_pretrained(folder)
+            save(source, folder, card=False)  # a SentenceTransformer as one, with posswap's card below
             if tokenizer is not None:
                 tokenizer.save_pretrained(folder)
         readme = folder / "README.md"
@@ -196,11 +199,19 @@ def _config_dict(model_or_folder: Any) -> dict:
         if not path.is_file():
             raise ValueError(f"{model_or_folder} has no config.json: pass a folder that save_pretrained wrote.")
         return json.loads(path.read_text())
+    if is_sentence_transformer(model_or_folder):  # its transformer's config
+        model_or_folder = transformer_module(model_or_folder).auto_model
     config = getattr(model_or_folder, "config", None)
     if config is None:
         raise TypeError(f"Expected a transformers model or a folder, got {type(model_or_folder).__name__}.")
     # architectures is only filled in by save_pretrained; the loading snippet needs the class now.
     return {**config.to_dict(), "architectures": [type(model_or_folder).__name__]}
+
+
+def _is_sentence_transformers(model_or_folder: Any) -> bool:
+    if isinstance(model_or_folder, (str, os.PathLike)):
+        return (Path(model_or_folder) / "modules.json").is_file()
+    return is_sentence_transformer(model_or_folder)
 
 
 def _hub_id(name: str | None) -> str | None:

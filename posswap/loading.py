@@ -13,6 +13,7 @@ import transformers
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+from .config import config_from_dict
 from .files import write_folder
 from .patching import CONFIG_KEY, patch, patched_config
 from .portable.modeling_posswap import (
@@ -23,6 +24,7 @@ from .portable.modeling_posswap import (
     PosswapConfigMixin,
     PosswapModelMixin,
 )
+from .portable.posswap_block import check_block, weights_mismatch
 from .portable.posswap_runtime import RUNTIME_METHODS
 
 # from_pretrained arguments that say where the files are; the rest are for the model only.
@@ -79,7 +81,21 @@ def from_pretrained(name_or_path: str, model_class: type[PreTrainedModel] | None
     the weights load: the class ``trust_remote_code=True`` gives where posswap is not installed. ``kwargs`` go
     to transformers' ``from_pretrained`` (``dtype``, ``device_map``, ``attn_implementation``, ``revision`` ...).
     A checkpoint without a posswap block loads as the stock model.
+
+    A sentence-transformers folder or repo (it has modules.json) loads as a ``SentenceTransformer`` with its
+    transformer loaded as above, unless ``model_class`` is given (then the transformer alone loads).
     """
+    if model_class is None:
+        from .sentence_models import load_sentence_transformer
+
+        model = load_sentence_transformer(name_or_path, **kwargs)  # None: not a sentence-transformers model
+        if model is not None:
+            return model
+    return load_transformers_model(name_or_path, model_class, **kwargs)
+
+
+def load_transformers_model(name_or_path: str, model_class: type[PreTrainedModel] | None = None, **kwargs: Any) -> PreTrainedModel:
+    """:func:`from_pretrained` for a transformers model only: of a sentence-transformers folder, its transformer."""
     if model_class is not None and not (isinstance(model_class, type) and hasattr(model_class, "from_pretrained")):
         raise TypeError(
             f"model_class must be a transformers model class such as AutoModelForMaskedLM or GPT2LMHeadModel, "
@@ -88,7 +104,7 @@ def from_pretrained(name_or_path: str, model_class: type[PreTrainedModel] | None
     name_or_path = resolve_model_id(name_or_path)
     config = AutoConfig.from_pretrained(name_or_path, **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs})
     block = getattr(config, CONFIG_KEY, None)
-    check_posswap_block(block, name_or_path)
+    check_posswap_block(block, name_or_path, config)  # before any class installs from it
     runtime = isinstance(block, dict) and block.get("method") in RUNTIME_METHODS
     if runtime and not isinstance(config, PosswapConfigMixin):  # saved before model_type posswap-<type>
         config.__class__ = CONFIG_CLASSES[config.model_type]
@@ -98,9 +114,9 @@ def from_pretrained(name_or_path: str, model_class: type[PreTrainedModel] | None
         print(f"posswap: {name_or_path} was saved without this head ({', '.join(config.architectures)}); "
               f"{model_class.__name__} initialises a new one: train it before reading its scores.", file=sys.stderr)
         with _transformers_quiet():
-            model, info = cls.from_pretrained(name_or_path, config=config, output_loading_info=True, **kwargs)
+            model, info = _load_weights(cls, name_or_path, config, kwargs)
     else:
-        model, info = cls.from_pretrained(name_or_path, config=config, output_loading_info=True, **kwargs)
+        model, info = _load_weights(cls, name_or_path, config, kwargs)
     _check_own_keys(info, name_or_path)
     position_config = patched_config(model)
     if position_config is not None and not runtime:
@@ -151,17 +167,31 @@ def _model_class(config, model_class: type | None, runtime: bool) -> type[PreTra
     return model_class  # an Auto class finds posswap's subclass itself (registered below)
 
 
-def check_posswap_block(block: Any, where: str) -> None:
-    """A config.json's posswap block must be what patch() writes; a hand-edited one is named, not a KeyError."""
+def check_posswap_block(block: Any, where: str, config: Any = None) -> None:
+    """A config.json's posswap block must be what patch() writes; a hand-edited one is named (folder, block, key),
+    not a KeyError from inside the run time. With ``config``, its length must also be the config's."""
+    check_block(block, where, config)  # what the saved model's own classes check, where posswap is not installed
     if block is None:
         return
-    needed = ("method", "max_length", "original_length")
-    if not isinstance(block, dict) or any(key not in block for key in needed):
-        got = f"a mapping without {', '.join(k for k in needed if k not in block)}" if isinstance(block, dict) else type(block).__name__
+    try:  # then posswap's own rules for each field, as for a recipe
+        config_from_dict({k: v for k, v in block.items() if k not in ("original_length", "version")})
+    except ValueError as error:
         raise ValueError(
-            f"{where}/config.json: the {CONFIG_KEY!r} block must be a mapping with {', '.join(needed)} "
-            f"(as posswap.patch writes it); got {got}. Re-save the model with posswap, or delete the block to load it unpatched."
-        )
+            f"{where}/config.json: the {CONFIG_KEY!r} block ({block['method']}): {error} Put back the value posswap.patch "
+            "wrote, or re-save the model with posswap."
+        ) from None
+
+
+def _load_weights(cls: type, name_or_path: str, config, kwargs: dict):
+    """``cls.from_pretrained`` with the loading info; a size mismatch between the posswap block and the weights (an
+    edited length) named in one line instead of transformers' generic ``ignore_mismatched_sizes`` error."""
+    try:
+        return cls.from_pretrained(name_or_path, config=config, output_loading_info=True, **kwargs)
+    except RuntimeError as error:
+        message = None if "ignore_mismatched_sizes" not in str(error) else weights_mismatch(cls, name_or_path, {**kwargs, "config": config})
+        if message is None:
+            raise
+        raise ValueError(message) from None
 
 
 def _saved_class(config) -> type[PreTrainedModel]:
@@ -188,7 +218,7 @@ _register_auto_classes()
 def load_model_and_tokenizer(name_or_path: str, **kwargs: Any):
     """A stock checkpoint with the head it was saved with, and its tokenizer (None if it has none)."""
     name_or_path = resolve_model_id(name_or_path)
-    model = from_pretrained(name_or_path, **kwargs)
+    model = load_transformers_model(name_or_path, **kwargs)
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError):

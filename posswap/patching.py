@@ -13,6 +13,7 @@ from .memory import check_patch_fits
 from .portable.modeling_posswap import CONFIG_CLASSES
 from .portable.posswap_runtime import RUNTIME_METHODS, install_positions
 from .registry import get_method
+from .sentence_models import is_sentence_transformer, patch_sentence_transformer
 from .transaction import model_transaction
 from .version import __version__
 
@@ -27,7 +28,12 @@ def patch(model: nn.Module, config: PositionConfig | dict[str, Any], tokenizer: 
     becomes the new length (plus RoBERTa's padding offset), and a ``posswap`` block is added to its config
     so that ``save_pretrained`` / :func:`posswap.from_pretrained` round-trip. If ``tokenizer`` is given,
     its ``model_max_length`` is set to the new length. On any error the model is left untouched.
+
+    A sentence-transformers model (``SentenceTransformer``) is patched through its transformer, and its
+    ``max_seq_length`` and tokenizer limit become the new length; it is returned too.
     """
+    if is_sentence_transformer(model):
+        return patch_sentence_transformer(model, config, tokenizer)
     if isinstance(config, dict):
         config = config_from_dict(config)
     if not isinstance(config, PositionConfig):

@@ -57,7 +57,7 @@ def evaluate(
     cpu); a model handed in as an object goes back to its own device afterwards."""
     from ..data.splits import load_text_dataset
     from ..files import check_output_dir
-    from ..loading import from_pretrained
+    from ..loading import load_transformers_model  # a sentence-transformers folder: its transformer
     from .plots import plot_similarity, slug, write_plots  # here: `import posswap` need not load matplotlib
 
     lengths = check_settings(lengths, beyond, stride, max_tokens, passkey_trials, passkey_depths, seed)
@@ -72,7 +72,7 @@ def evaluate(
     results = Results(lengths=lengths, data=data if isinstance(data, str) else "<texts>", settings=settings)
     for name, spec in models.items():
         # One model in memory at a time: a stock model and its 4k variants need not fit together.
-        model = (from_pretrained(spec) if isinstance(spec, (str, Path)) else spec).eval()
+        model = (load_transformers_model(spec) if isinstance(spec, (str, Path)) else spec).eval()
         home, movable = model_device(model), getattr(model, "hf_device_map", None) is None  # device_map=: stays put
         if movable:
             model.to(device)

@@ -21,6 +21,7 @@ from transformers.models.auto import modeling_auto
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
 
 from .posswap_architectures import ARCHITECTURES
+from .posswap_block import weights_mismatch
 from .posswap_runtime import RUNTIME_METHODS, install_positions
 
 MODEL_TYPE_PREFIX = "posswap-"
@@ -77,7 +78,21 @@ class PosswapModelMixin:
         block = getattr(config, "posswap", None)
         if not isinstance(block, dict) or block.get("method") not in RUNTIME_METHODS:
             raise ValueError(f"{type(self).__name__} needs a config with a posswap block for one of {RUNTIME_METHODS}.")
-        install_positions(self, block)
+        install_positions(self, block)  # checks the block first: a hand-edited one is named
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """transformers' own, with a size mismatch between the posswap block and the weights (an edited num_buckets)
+        named in one line instead of its generic ``ignore_mismatched_sizes`` error."""
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except RuntimeError as error:
+            if "ignore_mismatched_sizes" not in str(error) or kwargs.get("ignore_mismatched_sizes"):
+                raise
+            message = weights_mismatch(cls, pretrained_model_name_or_path, kwargs)
+            if message is None:
+                raise
+            raise ValueError(message) from None
 
 
 def posswap_name(class_name: str) -> str:

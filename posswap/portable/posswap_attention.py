@@ -18,6 +18,7 @@ nothing from the posswap package.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import torch
@@ -25,11 +26,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 from transformers import AttentionInterface
+from transformers.cache_utils import Cache
 from transformers.integrations.flex_attention import compile_friendly_flex_attention, flex_attention_forward
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, flex_attention_mask, sdpa_mask
 
-from .posswap_state import install_call_state, shared
+from .posswap_hooks import find_hooks
+from .posswap_state import STATE_KWARG, install_call_state, shared
 
 # backend -> registered name. No name contains "flex_attention": transformers refuses that for GPT-2.
 BIAS_IMPLEMENTATIONS = {"sdpa": "posswap_bias_sdpa", "flex": "posswap_bias_flex", "eager": "posswap_bias_eager"}
@@ -67,23 +70,104 @@ class BiasProvider(nn.Module):
         return None
 
 
-def bias_positions(
-    position_ids: torch.Tensor | None, q_len: int, k_len: int, device, offset: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Integer positions (batch or 1, q) and (batch or 1, k) of the queries and keys.
+# Attribute that posswap sets on a KV cache (transformers' Cache object) after each forward of a bias model: the
+# positions of all its keys, (batch or 1, keys), so that the next call builds the bias from the keys' own positions.
+KEY_POSITIONS = "posswap_key_positions"
 
-    Explicit positions (packed sequences, PoSE, generate's padding-aware ids), less ``offset``, are used when they
-    describe both queries and keys, i.e. without earlier cached keys. With a cache, keys are numbered back from
-    the last query's position: key k_len - 1 - n is n before it. That is right for every real key under left
-    padding (generate's ids count real tokens only; padded keys get positions the mask removes anyway).
+
+def bias_positions(
+    position_ids: torch.Tensor | None, q_len: int, k_len: int, device, offset: int = 0, kwargs: dict | None = None,
+    first_id: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Integer positions (batch or 1, q) and (batch or 1, k) of the queries and keys, less ``offset``.
+
+    Queries: the explicit ids (packed sequences, PoSE, generate's padding-aware ids), else the next ``q_len`` after
+    the cached keys, as ids (counted from ``first_id``: RoBERTa's padding_idx + 1, as its own ids are). Keys: without
+    cached keys, the queries' own; with cached keys, the positions that the calls which filled the cache recorded on
+    it (``KEY_POSITIONS``), then the queries'. So ids that jump (10 cached tokens, then 5 at positions 100..104) give
+    the bias of one full pass with the same ids, and left-padded ``generate`` (ids from the mask) keeps every real
+    token's position. A cache whose positions were not recorded (filled by other code, or passed to the model by
+    position) counts as holding positions ``0 .. past - 1``: ids that do not continue it are refused.
     """
-    if position_ids is not None:
-        position_ids = position_ids.to(device) - offset
-        if q_len == k_len and position_ids.shape[-1] == q_len:
-            return position_ids, position_ids
-    last = position_ids[..., -1:] if position_ids is not None else torch.full((1, 1), k_len - 1, device=device)
-    k_pos = last - torch.arange(k_len - 1, -1, -1, device=device)
-    return k_pos[:, k_len - q_len :], k_pos
+    state = kwargs.get(STATE_KWARG) if kwargs else None
+    past = k_len - q_len
+    new = None
+    if position_ids is not None and position_ids.shape[-1] == q_len:
+        new = position_ids.to(device)
+        new = new[None] if new.dim() == 1 else new
+    implicit = torch.arange(past + first_id, k_len + first_id, device=device)[None]
+    if past == 0:
+        keys = new if new is not None else implicit
+    else:
+        new = implicit if new is None else new
+        cached = _cached_positions(state, past, new.shape[0], device)
+        if cached is None:
+            if not torch.equal(new, implicit.expand_as(new)):  # CheckCachedPositions refuses this before the cache grows
+                raise _unknown_jump(past, new, first_id)
+            keys = torch.arange(first_id, k_len + first_id, device=device)[None]
+        else:
+            rows = max(cached.shape[0], new.shape[0])
+            keys = torch.cat([cached.expand(rows, -1), new.expand(rows, -1)], dim=-1)
+    if state is not None:
+        state.key_positions = keys  # kept on the cache the model returns (KeepKeyPositions)
+    keys = keys - offset
+    return keys[..., past:], keys
+
+
+def _cached_positions(state, past: int, batch: int, device) -> torch.Tensor | None:
+    """Recorded positions of the first ``past`` keys of the call's cache (a cropped cache keeps a prefix), or None."""
+    stored = getattr(getattr(state, "cache", None), KEY_POSITIONS, None)
+    if not isinstance(stored, torch.Tensor) or stored.shape[-1] < past or stored.shape[0] not in (1, batch) and batch != 1:
+        return None
+    return stored[..., :past].to(device)
+
+
+def _unknown_jump(past: int, new: torch.Tensor, first_id: int = 0) -> ValueError:
+    return ValueError(
+        f"position_ids {int(new.min())}..{int(new.max())} for {new.shape[-1]} new tokens do not continue the KV cache "
+        f"of {past} tokens, and the positions of its keys are unknown (the cache was not filled by this model's forward, "
+        "or was passed to it by position): the position bias (ALiBi, T5 bias, TUPE) needs them. Fill the cache by calling "
+        f"this model with past_key_values=..., or pass position_ids {past + first_id}..{past + first_id + new.shape[-1] - 1}."
+    )
+
+
+class CheckCachedPositions:
+    """Forward pre-hook on the base model of a bias model: refuses, before any layer adds to the cache, position ids
+    that jump away from a cache whose keys' positions are unknown (see :func:`bias_positions`). ``first_id``: the id
+    of the first position (RoBERTa's padding_idx + 1)."""
+
+    def __init__(self, first_id: int = 0):
+        self.first_id = first_id
+
+    def __call__(self, base: nn.Module, args: tuple, kwargs: dict) -> None:
+        state, new = kwargs.get(STATE_KWARG), kwargs.get("position_ids")
+        cache = getattr(state, "cache", None)
+        if cache is None or not isinstance(new, torch.Tensor) or new.is_floating_point() or new.dim() not in (1, 2):
+            return None  # no cache, implicit ids, or ids the length guard refuses
+        past = cache.get_seq_length()
+        if past == 0 or _cached_positions(state, past, new.shape[0] if new.dim() == 2 else 1, new.device) is not None:
+            return None
+        start = past + self.first_id
+        if not torch.equal(new, torch.arange(start, start + new.shape[-1], device=new.device).expand_as(new)):
+            raise _unknown_jump(past, new, self.first_id)
+        return None
+
+
+class KeepKeyPositions:
+    """Forward hook on the base model of a bias model: the key positions its call used, kept on the cache it
+    returns (one the caller passed, or one the model made), for the next call. An object, not a closure."""
+
+    def __call__(self, base: nn.Module, args: tuple, kwargs: dict, output) -> None:
+        state = kwargs.get(STATE_KWARG)
+        if state is None or state.key_positions is None:
+            return None
+        cache = getattr(output, "past_key_values", None)
+        if cache is None and isinstance(output, tuple):  # return_dict=False
+            cache = next((item for item in output if isinstance(item, Cache)), None)
+        if cache is not None:
+            with contextlib.suppress(AttributeError):  # a cache class with __slots__: its positions stay unknown
+                setattr(cache, KEY_POSITIONS, state.key_positions.detach())
+        return None
 
 
 def _writable(bias: torch.Tensor, mask_shape: torch.Size) -> torch.Tensor:
@@ -100,13 +184,13 @@ def additive_mask(module, query, key, attention_mask, kwargs: dict) -> torch.Ten
     provider: BiasProvider = module.posswap_bias
     position_ids = kwargs.get("position_ids")
     key_ = (attention_mask, position_ids, query.shape[2], key.shape[2], query.dtype)
-    return shared(kwargs, (provider, "mask"), key_, lambda: _build_mask(module, query, key, attention_mask, position_ids))
+    return shared(kwargs, (provider, "mask"), key_, lambda: _build_mask(module, query, key, attention_mask, position_ids, kwargs))
 
 
-def _build_mask(module, query, key, attention_mask, position_ids) -> torch.Tensor:
+def _build_mask(module, query, key, attention_mask, position_ids, kwargs) -> torch.Tensor:
     provider: BiasProvider = module.posswap_bias
     q_len, k_len = query.shape[2], key.shape[2]
-    positions = bias_positions(position_ids, q_len, k_len, query.device, provider.position_offset)
+    positions = bias_positions(position_ids, q_len, k_len, query.device, provider.position_offset, kwargs, _first_id(module))
     bias = provider.bias(*positions).to(query.dtype)
     lowest = torch.finfo(query.dtype).min
     if attention_mask is None and module.is_causal and q_len > 1:
@@ -133,7 +217,7 @@ def with_features(module, query, key, scaling: float, kwargs: dict) -> tuple[tor
     position_ids = kwargs.get("position_ids")
 
     def build():
-        positions = bias_positions(position_ids, q_len, k_len, query.device, provider.position_offset)
+        positions = bias_positions(position_ids, q_len, k_len, query.device, provider.position_offset, kwargs, _first_id(module))
         return tuple(f.to(query.dtype) for f in provider.features(*positions, scaling))
 
     key_ = (position_ids, q_len, k_len, scaling, query.dtype)
@@ -192,7 +276,9 @@ def bias_flex_attention(module, query, key, value, attention_mask, dropout: floa
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     score_mod = None
     if provider.has_bias:
-        q_pos, k_pos = bias_positions(kwargs.get("position_ids"), q_len, k_len, query.device, provider.position_offset)
+        q_pos, k_pos = bias_positions(
+            kwargs.get("position_ids"), q_len, k_len, query.device, provider.position_offset, kwargs, _first_id(module)
+        )
         term = provider.score_term(q_pos.expand(batch, -1), k_pos.expand(batch, -1))
 
         def score_mod(score, b, h, q_idx, kv_idx):
@@ -205,7 +291,13 @@ def bias_flex_attention(module, query, key, value, attention_mask, dropout: floa
     return out.transpose(1, 2).contiguous(), None
 
 
-def install_bias(model: nn.Module, base: nn.Module, attentions: list, providers: list[BiasProvider], backend: str) -> None:
+def _first_id(module) -> int:
+    return getattr(module, "posswap_first_id", 0)
+
+
+def install_bias(
+    model: nn.Module, base: nn.Module, attentions: list, providers: list[BiasProvider], backend: str, first_id: int = 0
+) -> None:
     """Give each self-attention module its provider (one shared by all, or one per layer) and switch the model to
     the bias kernel. The providers are registered once, on the base model; each attention module refers to its
     own without registering it again (no duplicate parameters in the state dict). Their parameters take the
@@ -214,7 +306,11 @@ def install_bias(model: nn.Module, base: nn.Module, attentions: list, providers:
     base.posswap_bias_providers = nn.ModuleList(providers).to(device=reference.device, dtype=reference.dtype)
     for i, attention in enumerate(attentions):
         object.__setattr__(attention, "posswap_bias", providers[i % len(providers)])
+        object.__setattr__(attention, "posswap_first_id", first_id)  # the id of position 0 (RoBERTa: padding_idx + 1)
     install_call_state(base)  # each forward's bias and features live in that call's state
+    if not find_hooks(base, KeepKeyPositions):
+        base.register_forward_pre_hook(CheckCachedPositions(first_id), with_kwargs=True)  # after StartCall: reads its state
+        base.register_forward_hook(KeepKeyPositions(), with_kwargs=True)
     model.set_attn_implementation(BIAS_IMPLEMENTATIONS[backend])
 
 

@@ -21,15 +21,15 @@ class LengthGuard:
         bound = self.signature.bind_partial(module, *args, **kwargs).arguments
         rows = module.config.max_position_embeddings
         position_ids = bound.get("position_ids")
+        tokens = bound.get("input_ids")
+        if tokens is None:
+            tokens = bound.get("inputs_embeds")
         if position_ids is not None:
-            _check_position_ids(position_ids)
+            _check_position_ids(position_ids, tokens)
             # Explicit ids (generate, packing, PoSE) already include any offset.
             if position_ids.numel() and int(position_ids.max()) >= rows:
                 self._fail(module, int(position_ids.max()) + 1 - self.offset)
             return
-        tokens = bound.get("input_ids")
-        if tokens is None:
-            tokens = bound.get("inputs_embeds")
         if tokens is None:
             return  # the model itself reports the missing input
         cache = bound.get("past_key_values")
@@ -46,11 +46,24 @@ class LengthGuard:
         )
 
 
-def _check_position_ids(position_ids) -> None:
+def _check_position_ids(position_ids, tokens) -> None:
     # A rotation or a bias takes any number, so a float or negative id would run and give wrong outputs.
     if not isinstance(position_ids, torch.Tensor) or position_ids.is_floating_point() or position_ids.is_complex():
         kind = position_ids.dtype if isinstance(position_ids, torch.Tensor) else type(position_ids).__name__
         raise ValueError(f"position_ids must be an integer tensor (torch.long), got {kind}.")
+    if tokens is not None and tokens.dim() >= 2:
+        # A bias or a dropped table would run with any count (taking the first or last ids); stock models raise.
+        batch, length = tokens.shape[0], tokens.shape[1]
+        if position_ids.dim() not in (1, 2) or position_ids.shape[-1] != length:
+            raise ValueError(
+                f"position_ids has {position_ids.shape[-1] if position_ids.dim() else 0} positions per sequence but the "
+                f"input has {length} tokens: give one position per token (position_ids of shape (batch, {length}))."
+            )
+        if position_ids.dim() == 2 and position_ids.shape[0] not in (1, batch):
+            raise ValueError(
+                f"position_ids has {position_ids.shape[0]} rows but the input has a batch of {batch}: give one row per "
+                "sequence, or one row for all."
+            )
     if position_ids.numel() and int(position_ids.min()) < 0:
         raise ValueError(f"position_ids must be >= 0, got {int(position_ids.min())}.")
 

@@ -14,6 +14,8 @@ from torch import nn
 from .posswap_architectures import Sites, find_sites
 from .posswap_alibi import AlibiBias
 from .posswap_attention import PLAIN_IMPLEMENTATIONS, install_bias
+from .posswap_block import check_block, describe
+from .posswap_files import install_atomic_save
 from .posswap_guard import install_length_guard
 from .posswap_rotary import install_rotary
 from .posswap_tables import NoPositions, SinusoidalPositions
@@ -36,7 +38,7 @@ def _install_alibi(model: nn.Module, sites: Sites, block: dict) -> None:
     symmetric = block.get("symmetric")
     symmetric = (not sites.arch.causal) if symmetric is None else symmetric
     provider = AlibiBias(model.config.num_attention_heads, symmetric)
-    install_bias(model, sites.base, sites.self_attentions(), [provider], block.get("backend") or "sdpa")
+    install_bias(model, sites.base, sites.self_attentions(), [provider], block.get("backend") or "sdpa", sites.offset)
 
 
 def _install_sinusoidal(model: nn.Module, sites: Sites, block: dict) -> None:
@@ -58,7 +60,7 @@ def _install_t5_bias(model: nn.Module, sites: Sites, block: dict) -> None:
         T5Buckets(model.config.num_attention_heads, block["num_buckets"], block["max_distance"], not sites.arch.causal)
         for _ in range(count)
     ]
-    install_bias(model, sites.base, attentions, providers, block.get("backend") or "sdpa")
+    install_bias(model, sites.base, attentions, providers, block.get("backend") or "sdpa", sites.offset)
 
 
 def _install_tupe(model: nn.Module, sites: Sites, block: dict) -> None:
@@ -67,7 +69,7 @@ def _install_tupe(model: nn.Module, sites: Sites, block: dict) -> None:
     relative = T5Buckets(heads, 32, 128, bidirectional=not sites.arch.causal) if block.get("relative") else None
     table_dim = sites.table_dim  # NoPositions keeps the dropped table's width
     provider = TupeBias(heads, table_dim, config.hidden_size, block["max_length"], sites.offset, block["cls_reset"], relative)
-    install_bias(model, sites.base, sites.self_attentions(), [provider], block.get("backend") or "sdpa")
+    install_bias(model, sites.base, sites.self_attentions(), [provider], block.get("backend") or "sdpa", sites.offset)
 
 
 INSTALLERS = {
@@ -84,11 +86,14 @@ RUNTIME_METHODS = tuple(INSTALLERS)
 
 
 def install_positions(model: nn.Module, block: dict) -> None:
-    """Make ``model`` run as ``block`` says: drop the table if asked, hook the method in, guard the length.
-    Idempotent. Builds no tensors, so it also works on the meta device."""
+    """Make ``model`` run as ``block`` says: drop the table if asked, hook the method in, guard the length, and
+    make its ``save_pretrained`` atomic. The block is checked first (a hand-edited config.json is named, not a
+    KeyError from an installer). Idempotent. Builds no tensors, so it also works on the meta device."""
+    check_block(block, describe(model.config), model.config)
     sites = find_sites(model)
     if block["method"] in INSTALLERS:
         if block.get("absolute", "drop") == "drop":
             drop_table(sites)
         INSTALLERS[block["method"]](model, sites, block)
     install_length_guard(sites.base, sites.offset)
+    install_atomic_save(model)

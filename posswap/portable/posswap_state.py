@@ -38,13 +38,19 @@ def _same(a: Any, b: Any) -> bool:
 
 class CallState:
     """Values built once in one forward and shared by its layers: one entry per (owner, kind), rebuilt when the
-    layer's inputs (``key``: tensors by identity) are not those it was built from."""
+    layer's inputs (``key``: tensors by identity) are not those it was built from.
 
-    __slots__ = ("share", "entries")
+    ``cache``: the KV cache this call was given (None: none, or one the model makes itself); ``key_positions``:
+    the positions of every key this call's bias attended to, (batch or 1, keys), recorded by the bias attention
+    and kept on the returned cache (``KEY_POSITIONS``) for the next call (see ``posswap_attention.bias_positions``).
+    """
 
-    def __init__(self, share: bool = True):
+    __slots__ = ("share", "entries", "cache", "key_positions")
+
+    def __init__(self, share: bool = True, cache: Any = None):
         self.share = share  # False under gradient checkpointing: every layer builds its own
         self.entries: dict[Any, tuple] = {}
+        self.cache, self.key_positions = cache, None
 
     def get(self, owner: Any, key: tuple, build: Callable[[], Any]) -> Any:
         if not self.share:
@@ -71,7 +77,9 @@ class StartCall:
 
     def __call__(self, base: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         share = not (base.training and torch.is_grad_enabled() and _checkpointing(base))
-        return args, {**kwargs, STATE_KWARG: CallState(share)}
+        # The heads pass the cache by keyword; one passed by position is not seen (its keys' positions then count
+        # as unknown: see posswap_attention.bias_positions).
+        return args, {**kwargs, STATE_KWARG: CallState(share, kwargs.get("past_key_values"))}
 
 
 def install_call_state(base: nn.Module) -> None:

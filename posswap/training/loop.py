@@ -7,11 +7,12 @@ exactly -> final save (LoRA merged) -> evaluation -> optional push to the Hub.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import yaml
@@ -22,7 +23,7 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, get_cosine_schedule_with_warmup
 
 from ..architectures import ARCHITECTURES, find_sites
-from ..files import check_folder_target
+from ..files import absolute, check_folder_target, hold
 from ..loading import from_pretrained, resolve_model_id, save_model_and_tokenizer
 from ..patching import patch, patched_config
 from .checkpoint import check_optimizer_groups, latest_checkpoint, load_checkpoint, log_lines_upto, prune_checkpoints, resumable_checkpoint, save_checkpoint
@@ -85,6 +86,28 @@ def train(
     differs from the one the checkpoints were made with."""
     recipe.validate()  # also when built in Python rather than by recipe_from_dict
     recipe.check_sources()
+    with hold_run_dir(Path(recipe.train.output_dir)):  # one run per folder, from the first check to the last write
+        return _train(recipe, raw, resume, callbacks, overwrite, force)
+
+
+@contextlib.contextmanager
+def hold_run_dir(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir``'s lock (``.NAME.posswap-lock`` beside it) for the whole run; a second run on the same folder
+    is refused at once, before it reads or writes anything there. The run's main process holds it (the others of a
+    DDP run start with it)."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        yield
+        return
+
+    def refusal(pid: int | None, by: str | None) -> str:
+        who = "another posswap train" if by in ("posswap train", None) else f"another posswap process ({by})" if by else "another posswap process"
+        return f"{who} is using {run_dir} (pid {pid if pid is not None else 'unknown'}); wait for it or choose another train.output_dir."
+
+    with hold(absolute(run_dir), "posswap train", refusal):
+        yield
+
+
+def _train(recipe: Recipe, raw, resume: bool, callbacks, overwrite: bool, force: bool) -> Path:
     t = recipe.train
     run_dir = Path(t.output_dir)
     final_dir = run_dir / "model"

@@ -1,0 +1,216 @@
+"""sentence-transformers models as posswap models: patch, save, load and push them as sentence-transformers models.
+
+A ``SentenceTransformer`` is a sequence of modules; its first sentence-transformers ``Transformer`` module holds
+the transformers model (``auto_model``) and the tokenizer. :func:`posswap.patch` patches that model as it
+patches any other, then sets the module's ``max_seq_length`` and the tokenizer's ``model_max_length`` to the
+new length (the usable length: RoBERTa's padding offset is in ``max_position_embeddings``, not here).
+
+Saving needs nothing more: sentence-transformers writes its transformer with ``save_pretrained``, so that
+folder's config.json carries the posswap block and, for a method with run-time code, posswap's ``model_type``,
+``auto_map`` and code files beside the weights (``posswap/portable``). ``SentenceTransformer(folder,
+trust_remote_code=True)`` loads the transformer through transformers' Auto classes and so runs that code;
+without ``trust_remote_code`` transformers refuses it. An ``interpolate`` folder is a stock one of a new size.
+
+sentence-transformers is an optional extra (``posswap[st]``): nothing here imports it until a
+sentence-transformers model or folder is in hand.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+INSTALL = "pip install 'posswap[st]'"
+# Keywords of posswap.from_pretrained that locate files; the transformer inside the folder is read with them too.
+_HUB_KWARGS = ("revision", "token", "local_files_only")
+
+
+def is_sentence_transformer(obj: Any) -> bool:
+    """A sentence-transformers model (or one of its modules), told without importing sentence-transformers."""
+    return isinstance(obj, nn.Module) and "sentence_transformers" in sys.modules and _from_package(type(obj))
+
+
+def _from_package(cls: type, name: str | None = None) -> bool:
+    return any(c.__module__.startswith("sentence_transformers.") and name in (None, c.__name__) for c in cls.__mro__)
+
+
+def transformer_module(model: nn.Module) -> nn.Module:
+    """The first sentence-transformers ``Transformer`` module of ``model`` (``model[0]`` in the usual layout)."""
+    for module in model.modules():
+        if _from_package(type(module), "Transformer"):
+            return module
+    found = ", ".join(type(m).__name__ for m in model.children()) or "none"
+    raise ValueError(
+        f"This {type(model).__name__} has no sentence-transformers Transformer module (its modules: {found}); "
+        "posswap patches the transformers model that such a module holds."
+    )
+
+
+def patch_sentence_transformer(model: nn.Module, config: Any, tokenizer: Any = None) -> nn.Module:
+    """:func:`posswap.patch` for a sentence-transformers model: its transformer is patched (every check before
+    any change), then ``max_seq_length`` and the tokenizer's ``model_max_length`` become the new length."""
+    from .patching import CONFIG_KEY, patch
+
+    module = transformer_module(model)
+    own_tokenizer = getattr(module, "tokenizer", None)
+    patch(module.auto_model, config, tokenizer=tokenizer)  # raises before changing anything
+    block = getattr(module.auto_model.config, CONFIG_KEY)
+    module.max_seq_length = block["max_length"]  # sentence-transformers 6: the tokenizer's limit; 5: its own setting
+    if own_tokenizer is not None:
+        own_tokenizer.model_max_length = block["max_length"]
+    # The card read from the source folder describes the unpatched model (its length among others): saving
+    # writes a new one, tagged.
+    if getattr(model, "_model_card_text", None):
+        model._model_card_text = None
+    card_data = getattr(model, "model_card_data", None)
+    if card_data is not None and hasattr(card_data, "add_tags"):
+        card_data.add_tags(["posswap", block["method"]])
+    return model
+
+
+def transformer_folder(name_or_path: str, kwargs: dict | None = None) -> str | None:
+    """Where the transformer of a sentence-transformers model is, relative to its folder or repo (``""``: the
+    root, as sentence-transformers writes it); None when ``name_or_path`` is not a sentence-transformers model."""
+    modules = _read_json(name_or_path, "modules.json", kwargs or {})
+    if not isinstance(modules, list):
+        return None
+    for entry in modules:
+        if isinstance(entry, dict) and str(entry.get("type", "")).rsplit(".", 1)[-1] == "Transformer":
+            return str(entry.get("path") or "")
+    return None
+
+
+def _read_json(name_or_path: str, filename: str, kwargs: dict) -> Any:
+    if os.path.isdir(name_or_path):
+        path = Path(name_or_path) / filename
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    from transformers.utils import cached_file
+
+    try:
+        path = cached_file(
+            name_or_path, filename, _raise_exceptions_for_missing_entries=False, _raise_exceptions_for_connection_errors=False,
+            cache_dir=kwargs.get("cache_folder") or kwargs.get("cache_dir"), **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs},
+        )
+    except OSError:  # no such repo: the caller's own loading says so in its words
+        return None
+    return None if path is None else json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def import_sentence_transformers(what: str):
+    try:
+        import sentence_transformers
+    except ImportError as error:
+        raise ImportError(
+            f"{what} is a sentence-transformers model, and sentence-transformers is not installed: {INSTALL}. "
+            "(To load only its transformer, pass model_class=AutoModel or the class you need.)"
+        ) from error
+    return sentence_transformers
+
+
+def load_sentence_transformer(name_or_path: str, **kwargs: Any) -> nn.Module | None:
+    """``posswap.from_pretrained`` for a sentence-transformers folder or repo: the model, patched as its
+    transformer's config records; None when ``name_or_path`` is not one.
+
+    ``kwargs`` that the sentence-transformers class takes (``device``, ``revision``, ``token``,
+    ``model_kwargs`` ...) go to it; the others (``dtype``, ``attn_implementation`` ...) to the transformer's
+    ``from_pretrained``. A patched transformer is read with :func:`posswap.loading.load_transformers_model`,
+    so it is checked as any posswap checkpoint is, and posswap's own code runs it: no ``trust_remote_code``.
+    """
+    from .loading import load_transformers_model, resolve_model_id
+    from .patching import CONFIG_KEY
+
+    name_or_path = resolve_model_id(name_or_path)
+    subfolder = transformer_folder(name_or_path, kwargs)
+    if subfolder is None:
+        return None
+    st = import_sentence_transformers(name_or_path)
+    cls = _model_class(st, name_or_path, kwargs)
+    accepted = inspect.signature(cls.__init__).parameters
+    st_kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+    model_kwargs = {**(st_kwargs.pop("model_kwargs", None) or {}), **{k: v for k, v in kwargs.items() if k not in accepted}}
+    if model_kwargs:
+        st_kwargs["model_kwargs"] = model_kwargs
+    config = _read_json(name_or_path, str(Path(subfolder) / "config.json"), kwargs)
+    if not isinstance(config, dict) or CONFIG_KEY not in config:
+        return cls(name_or_path, **st_kwargs)  # a stock model: nothing of posswap's to check or install
+
+    # The transformer through posswap's loader first: a damaged folder fails with posswap's message.
+    hub = {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs}
+    if kwargs.get("cache_folder"):
+        hub["cache_dir"] = kwargs["cache_folder"]
+    patched = load_transformers_model(name_or_path, **({"subfolder": subfolder} if subfolder else {}), **hub, **model_kwargs)
+    model = cls(name_or_path, **st_kwargs)
+    replace_transformer(transformer_module(model), patched)
+    return model
+
+
+def _model_class(st, name_or_path: str, kwargs: dict) -> type:
+    """The class config_sentence_transformers.json names (SentenceTransformer when it names none, as
+    sentence-transformers itself reads it)."""
+    config = _read_json(name_or_path, "config_sentence_transformers.json", kwargs) or {}
+    name = config.get("model_type", "SentenceTransformer") if isinstance(config, dict) else "SentenceTransformer"
+    cls = getattr(st, str(name), None)
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise ValueError(f"{name_or_path}: config_sentence_transformers.json names model_type {name!r}, which this "
+                         f"sentence-transformers ({st.__version__}) does not have.")
+    return cls
+
+
+def replace_transformer(module: nn.Module, model: nn.Module) -> None:
+    """Put ``model`` where ``module`` keeps its transformers model, on the same device and with the cache
+    setting sentence-transformers chose."""
+    old = module.auto_model
+    attribute = next(name for name, child in module.named_children() if child is old)  # "model" (6.x) or "auto_model"
+    if getattr(model, "hf_device_map", None) is None:
+        model.to(next(old.parameters()).device)
+    if hasattr(old.config, "use_cache"):
+        model.config.use_cache = old.config.use_cache
+    model.train(old.training)
+    setattr(module, attribute, model)
+
+
+def save(model: nn.Module, folder: str | os.PathLike, card: bool = True) -> None:
+    """``save_pretrained`` for a transformers model or a sentence-transformers one (``card=False``: without
+    sentence-transformers' model card, for a caller that writes its own)."""
+    if is_sentence_transformer(model):
+        model.save(str(folder), create_model_card=card)
+    else:
+        model.save_pretrained(folder)
+
+
+def patch_folder(source: str, config: Any, out: str, overwrite: bool = False) -> tuple[nn.Module, int, int] | None:
+    """``posswap patch`` for a sentence-transformers folder: load, patch and write ``out`` as a
+    sentence-transformers folder, atomically. Returns the model and its transformer's
+    ``max_position_embeddings`` before and after; None when ``source`` is not a sentence-transformers model."""
+    from .files import write_folder
+
+    if transformer_folder(source) is None:
+        return None
+    model = load_sentence_transformer(source, device="cpu")
+    config_of = lambda: transformer_module(model).auto_model.config  # noqa: E731
+    before = config_of().max_position_embeddings
+    patch_sentence_transformer(model, config)
+    write_folder(out, lambda folder: model.save(str(folder)), overwrite=overwrite, source=source)
+    return model, before, config_of().max_position_embeddings
+
+
+def loading_lines(method: str, repo: str) -> list[str]:
+    """The model card's "How to load it" for a sentence-transformers model."""
+    lines = ["## How to load it", "", "With posswap (a `SentenceTransformer`, patched):", "", "```python", "import posswap", "",
+             f"model = posswap.from_pretrained({repo})", "```", ""]
+    if method == "interpolate":
+        return lines + ["Only the size of the position table changed, so sentence-transformers alone loads it too:", "",
+                        "```python", "from sentence_transformers import SentenceTransformer", "",
+                        f"model = SentenceTransformer({repo})", "```", ""]
+    return lines + [
+        f"Without posswap: this repo carries the code of its {method} positions (`modeling_posswap.py`), so",
+        "sentence-transformers loads it with `trust_remote_code=True` (without it, loading is refused):", "",
+        "```python", "from sentence_transformers import SentenceTransformer", "",
+        f"model = SentenceTransformer({repo}, trust_remote_code=True)", "```", "",
+    ]
