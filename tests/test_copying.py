@@ -130,7 +130,7 @@ def test_first_step_and_previous_token_head():
     assert previous_token_head([[0.5, 0.1, 0.0], [0.1, 0.8, 0.0], [0.3, 0.3, 0.3]]) == 1
 
 
-@pytest.mark.parametrize("preset", ["copying", "copying-rope"])
+@pytest.mark.parametrize("preset", ["mini", "copying", "copying-rope"])
 def test_the_readme_quotes_the_copying_tables_as_their_json_gives_them(preset):
     found = RESULTS / preset / "copying.json"
     if not found.is_file():
