@@ -200,7 +200,7 @@ def _cmd_copying_study(args: argparse.Namespace) -> None:
         print(write_report(json.loads(found.read_text()), out))
         return
     started = time.perf_counter()
-    results = run_copying(spec, work, out, jobs=args.jobs, build_copier=args.build_copier)
+    results = run_copying(spec, work, out, jobs=args.jobs, rebuild_copier=args.build_copier)
     print(write_report(results, out))
     print(f"Wall time {(time.perf_counter() - started) / 60:.1f} min; table in {out}/summary.md, picture {out}/probe.png.")
 
@@ -249,13 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = commands.add_parser("study", help="The extension study: each method on each base, untrained and after an equal budget.")
     s.add_argument("--preset", choices=("mini", "copying", "copying-rope", "full", "minilm-mini"), default="full", help=(
-        "mini: the copier (a small GPT-2 that copies inside its 256 positions) patched with the best method and with RoPE, "
-        "each trained briefly at 4x and probed "
+        "mini: the copier (a small GPT-2 that copies inside its 256 positions) trained from its recipe, then patched with the "
+        "best method and with RoPE, each trained briefly at 4x and probed "
         "(<= 6 min on 2 CPU cores); copying: every method on the copier, three seeds (results/copying/); copying-rope: "
         "RoPE recipes on the copier, 300 steps (results/copying-rope/); full: the text "
         "study on both bases (results/); minilm-mini: the repeat probe on MiniLM before and after a short ALiBi training."))
     s.add_argument("--seeds", type=int, default=None, help="Copying presets: number of seeds (training order and probe draws; default: the preset's).")
-    s.add_argument("--build-copier", action="store_true", help="Copying presets: train the copier from its recipe (about 4 min on 2 cores) instead of using the one posswap ships, made by that recipe.")
+    s.add_argument("--build-copier", action="store_true", help="Copying presets: train the copier from its recipe again (about 4 min on 2 cores), even if the work folder or posswap (for copying and copying-rope) has one.")
     s.add_argument("--jobs", type=int, default=2, help="Copying presets: runs at once, one CPU thread each (default 2).")
     s.add_argument("--budget", choices=("quick", "long"), default=None, help="Phase of the full study: quick (every variant, a small budget) or long (the quick phase's best four and the original, longer; run quick first).")
     s.add_argument("--device", default=None, help="Where training and scoring run: cpu, cuda, cuda:N (default: cuda if available, else cpu).")

@@ -143,16 +143,18 @@ def quiet_transformers():
 SHIPPED = Path(__file__).resolve().parent.parent / "data" / "copier"  # the default recipe's copier, as built here
 
 
-def copier(folder: Path, recipe: CopierRecipe = CopierRecipe(), check=None, progress: bool = True, build: bool = False):
-    """The copier of ``recipe``, kept in ``folder``: found there; else the shipped one when it was made by this
-    recipe (unless ``build``); else trained. A new one is checked with ``check(model)`` (returns what it
-    measured; raises when the model does not copy) before it is written there whole. Returns (model, record)."""
-    found = load_copier(folder, recipe)
-    if found is not None and not build:
+def copier(folder: Path, recipe: CopierRecipe = CopierRecipe(), check=None, progress: bool = True, shipped: bool = True,
+           rebuild: bool = False):
+    """The copier of ``recipe``, kept in ``folder``: found there (unless ``rebuild``); else, with ``shipped``, the
+    one posswap ships when that recipe made it; else trained (bit-identical to the shipped one on 2 CPU threads).
+    A new one is checked with ``check(model)`` (returns what it measured; raises when the model does not copy)
+    before it is written there whole. Returns (model, record)."""
+    found = None if rebuild else load_copier(folder, recipe)
+    if found is not None:
         return found, json.loads((Path(folder) / COPIER_FILE).read_text())
-    shipped = None if build else load_copier(SHIPPED, recipe)
-    if shipped is not None:
-        model, record = shipped, json.loads((SHIPPED / COPIER_FILE).read_text())
+    ready = load_copier(SHIPPED, recipe) if shipped and not rebuild else None
+    if ready is not None:
+        model, record = ready, json.loads((SHIPPED / COPIER_FILE).read_text())
     else:
         model, _ = train_copier(recipe, progress=progress)
         record = {"recipe": asdict(recipe), "fingerprint": fingerprint(recipe) if recipe == CopierRecipe() else None}
