@@ -99,7 +99,7 @@ def plot_probe(results: dict, path: Path) -> Path:
     """The drop against distance per model, right after the patch (left) and after training (right)."""
     names, multiples = ranked_names(results), results["multiples"]
     colours = _colours(names)
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    figure, axes = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
     for axis, index, title in ((axes[0], 0, "right after the patch"), (axes[1], -1, f"after {results['spec']['steps']} steps at 4x")):
         axis.plot(multiples, results["original"]["drop"], color="black", marker="s", linewidth=2, label=f"{ORIGINAL} (sliding window)")
         for name in names:
@@ -113,7 +113,7 @@ def plot_probe(results: dict, path: Path) -> Path:
         axis.set_xlabel("distance d, x the old window (dashed: 1x; dotted: trained 4x)")
         axis.set_title(title, fontsize=9)
     axes[0].set_ylabel("loss drop on the repeat (nats)")
-    axes[1].legend(fontsize=7, loc="upper right", ncol=2)
+    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.suptitle("Does the patched model read back past its old window? (copier, mean over seeds)", fontsize=10)
     return save_figure(figure, Path(path))
 
@@ -163,7 +163,7 @@ def plot_attention(results: dict, path: Path) -> Path | None:
         axis.set_xlabel("offset i - j (tokens back)")
     axes[0][0].set_ylabel(f"layer 0, head {head}: mean attention weight")
     axes[0][-1].legend(fontsize=8)
-    figure.suptitle("The previous-token head (layer 0) after the patch: kept by tables and biases, lost by RoPE", fontsize=10)
+    figure.suptitle("Layer 0's previous-token head (the original's head with most weight one token back), before and after each patch", fontsize=10)
     return save_figure(figure, Path(path))
 
 
