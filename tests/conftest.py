@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import textwrap
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -161,6 +162,16 @@ def hub(tmp_path, monkeypatch):
         yield server
         assert server.unknown == []
 
+
+# The start of a subprocess script in which posswap cannot be imported: a saved folder must load without it.
+WITHOUT_POSSWAP = textwrap.dedent('''
+    import importlib.abc, sys
+    class NoPosswap(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name == "posswap" or name.startswith("posswap."):
+                raise ImportError("posswap is not installed here")
+    sys.meta_path.insert(0, NoPosswap())
+''')
 
 # Training text for the tiny test runs: the opening of Emma (an embedded training document), the size the README once
 # was four times over (324k characters), so editing the README never changes test data.

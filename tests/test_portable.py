@@ -24,7 +24,7 @@ import posswap
 from posswap import cli
 from posswap.hub import push_to_hub
 
-from conftest import make_model, sharpen_qk
+from conftest import WITHOUT_POSSWAP, make_model, sharpen_qk
 
 NEW_LENGTH = 96
 
@@ -67,13 +67,8 @@ CASES = {
 }
 
 # Runs with posswap unimportable: load each folder with trust_remote_code, write logits and generations.
-LOADER = textwrap.dedent('''
-    import importlib.abc, json, sys
-    class NoPosswap(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name == "posswap" or name.startswith("posswap."):
-                raise ImportError("posswap is not installed here")
-    sys.meta_path.insert(0, NoPosswap())
+LOADER = WITHOUT_POSSWAP + textwrap.dedent('''
+    import json, sys
     import torch, transformers
     from safetensors.torch import save_file
     jobs = json.loads(open(sys.argv[1]).read())

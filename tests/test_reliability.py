@@ -32,7 +32,7 @@ import torch
 import transformers
 
 import posswap
-from conftest import sharpen_qk
+from conftest import WITHOUT_POSSWAP, sharpen_qk
 from posswap.cli import main
 from posswap.files import LOCK, STAGING, hold, lock_path, write_folder
 from test_common import FACTORIES
@@ -429,13 +429,8 @@ EDITS = {
 }
 REMOTE_ONLY_POSSWAP = {"interpolate-max_length-not-n_positions"}
 
-REMOTE_LOADER = textwrap.dedent('''
-    import importlib.abc, json, sys
-    class NoPosswap(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name == "posswap" or name.startswith("posswap."):
-                raise ImportError("posswap is not installed here")
-    sys.meta_path.insert(0, NoPosswap())
+REMOTE_LOADER = WITHOUT_POSSWAP + textwrap.dedent('''
+    import json, sys
     import transformers
     transformers.logging.set_verbosity_error()
     results = {}

@@ -31,7 +31,7 @@ from posswap import cli
 from posswap.data import read_document
 from posswap.hub import model_card, push_to_hub
 
-from conftest import assert_untouched, sharpen_qk, snapshot
+from conftest import WITHOUT_POSSWAP, assert_untouched, sharpen_qk, snapshot
 from test_common import FACTORIES
 
 st = pytest.importorskip("sentence_transformers")
@@ -56,13 +56,8 @@ TINY = {f"tiny-bert-{m}": ("bert", factory(TINY_NEW)) for m, factory in FACTORIE
 }
 
 # Runs where posswap cannot be imported: each folder loaded plainly, then with trust_remote_code.
-LOADER = textwrap.dedent('''
-    import importlib.abc, json, sys
-    class NoPosswap(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name == "posswap" or name.startswith("posswap."):
-                raise ImportError("posswap is not installed here")
-    sys.meta_path.insert(0, NoPosswap())
+LOADER = WITHOUT_POSSWAP + textwrap.dedent('''
+    import json, sys
     import torch
     from safetensors.torch import save_file
     from sentence_transformers import SentenceTransformer
