@@ -35,7 +35,10 @@ def _method_options(parser: argparse.ArgumentParser) -> None:
 def _scalar(text: str) -> Any:
     """``4096`` -> 4096, ``0.5`` -> 0.5, ``1e6`` -> 1000000.0, ``yarn`` -> "yarn", ``null`` -> None: the config
     validates the type."""
-    return load_yaml(text)
+    try:
+        return load_yaml(text)
+    except yaml.YAMLError as error:  # argparse reports ArgumentTypeError as one usage line
+        raise argparse.ArgumentTypeError(f"not valid YAML: {getattr(error, 'problem', None) or type(error).__name__}") from None
 
 
 def _chosen_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -304,9 +307,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+MAX_MESSAGE = 400
+
+
 def _report(command: str, error: Exception) -> int:
     """One line on stderr: exit 2 for what the user can fix (inputs, files, memory), 1 for anything else."""
     message = " ".join(str(error).split()) or type(error).__name__
+    if len(message) > MAX_MESSAGE:  # one line, whatever value a message quotes
+        message = message[: MAX_MESSAGE - 100] + " ... " + message[-95:]  # the advice is often at the end
+    if _disk_full(error):  # safetensors and torch report it as their own errors
+        print(f"posswap {command}: error: the disk is full (No space left on device); free some space and run again. ({message})", file=sys.stderr)
+        return 2
     if isinstance(error, _USER_ERRORS) or _out_of_memory(error):
         print(f"posswap {command}: error: {message}", file=sys.stderr)
         return 2
@@ -317,6 +328,18 @@ def _report(command: str, error: Exception) -> int:
 # A user's mistake: a bad value (ValueError, TypeError), a file that is missing or unreadable (OSError),
 # a file that is not YAML, no memory for what was asked.
 _USER_ERRORS = (ValueError, TypeError, OSError, yaml.YAMLError, MemoryError)
+
+
+def _disk_full(error: BaseException) -> bool:
+    import errno
+
+    while error is not None:
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(error) or "StorageFull" in str(error) or "os error 28" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _out_of_memory(error: Exception) -> bool:

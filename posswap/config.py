@@ -11,6 +11,7 @@ import dataclasses
 import math
 import operator
 import re
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -44,7 +45,7 @@ class PositionConfig:
 def check_positive_int(name: str, value: Any) -> None:
     # bool is an int subclass; True is not a length.
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        raise ValueError(f"{name} must be a positive integer, got {shown(value)}.")
 
 
 _COMPARE = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
@@ -67,26 +68,26 @@ def check_number(
     limits = "".join(f" {'and ' if i else ''}{op} {b}" for i, (op, b) in enumerate(bounds))  # " > 0 and < 1"
     kind = "an integer" if integer else "a number"
     if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
-        raise ValueError(f"{name} must be {kind}{limits}, got {value!r}.")
+        raise ValueError(f"{name} must be {kind}{limits}, got {shown(value)}.")
     if not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number{limits}, got {value!r}.")
+        raise ValueError(f"{name} must be a finite number{limits}, got {shown(value)}.")
     if not all(_COMPARE[op](value, b) for op, b in bounds):
-        raise ValueError(f"{name} must be {kind}{limits}, got {value!r}.")
+        raise ValueError(f"{name} must be {kind}{limits}, got {shown(value)}.")
 
 
 def check_bool(name: str, value: Any) -> None:
     if not isinstance(value, bool):  # "no" from a hand-quoted YAML string would otherwise be true
-        raise ValueError(f"{name} must be true or false, got {value!r}.")
+        raise ValueError(f"{name} must be true or false, got {shown(value)}.")
 
 
 def check_text(name: str, value: Any) -> None:
     if not isinstance(value, str) or not value:
-        raise ValueError(f"{name} must be a non-empty string, got {value!r}.")
+        raise ValueError(f"{name} must be a non-empty string, got {shown(value)}.")
 
 
 def check_choice(name: str, value: Any, choices: tuple) -> None:
     if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}.")
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {shown(value)}.")
 
 
 def config_from_dict(data: dict[str, Any]) -> PositionConfig:
@@ -112,9 +113,58 @@ def config_from_dict(data: dict[str, Any]) -> PositionConfig:
     return spec.config_class(**data)
 
 
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = _SHOWN.maxlong = 60
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxset = 8
+_SHOWN.maxdict, _SHOWN.maxlevel = 4, 3
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut to a part of a line: a message that quotes a value never spans megabytes."""
+    return _SHOWN.repr(value)
+
+
+# A recipe holds some dozens of values; aliases (``*name``) that stand for more than this are an alias bomb
+# (nine lists of nine aliases, eight deep, are 43 million values in 400 bytes of YAML).
+MAX_ALIASED_VALUES = 10_000
+
+
 class YamlLoader(yaml.SafeLoader):
     """yaml.safe_load's rules, except that ``1e6``, ``3e-3`` and ``1.0e6`` are floats: YAML 1.1 wants a dot
-    and a signed exponent, so ``lr: 3e-3`` would otherwise be the string '3e-3'."""
+    and a signed exponent, so ``lr: 3e-3`` would otherwise be the string '3e-3'; and aliases that stand for more
+    than ``MAX_ALIASED_VALUES`` values in all are refused while the text is read, before they are expanded."""
+
+    def compose_document(self):
+        self._aliased, self._sizes = 0, {}
+        return super().compose_document()
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            node = self.anchors.get(event.anchor)
+            if node is not None:
+                self._aliased += self._size(node)
+                if self._aliased > MAX_ALIASED_VALUES:
+                    raise yaml.composer.ComposerError(
+                        None, None,
+                        f"aliases (*name) stand for more than {MAX_ALIASED_VALUES} values (an alias bomb?); write the values out",
+                        event.start_mark,
+                    )
+        return super().compose_node(parent, index)
+
+    def _size(self, node) -> int:
+        """Values under ``node``, itself included (each node counted once per path, as expansion would)."""
+        key = id(node)
+        if key not in self._sizes:
+            self._sizes[key] = 1  # a node that holds itself (``&a [*a]``) counts once
+            if isinstance(node, yaml.SequenceNode):
+                total = 1 + sum(self._size(child) for child in node.value)
+            elif isinstance(node, yaml.MappingNode):
+                total = 1 + sum(self._size(k) + self._size(v) for k, v in node.value)
+            else:
+                total = 1
+            self._sizes[key] = total
+        return self._sizes[key]
 
 
 YamlLoader.add_implicit_resolver(

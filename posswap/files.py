@@ -59,6 +59,32 @@ def check_folder_target(out: str | os.PathLike, overwrite: bool = False, source:
     return target
 
 
+def check_writable(out: str | os.PathLike, flag: str = "--out") -> None:
+    """Try now what writing ``out`` will need, so that a long job does not end on it: a new folder beside ``out``
+    (made and removed again), and, when ``out`` is there already, the right to change it (it is renamed aside or
+    replaced). ``OSError`` naming ``flag`` and the reason otherwise."""
+    target = absolute(out)
+    try:
+        if target.parent.is_dir():
+            probe = new_name(target, STAGING)
+            probe.mkdir()
+            probe.rmdir()
+        else:
+            existing = next(p for p in target.parents if p.exists())
+            if not os.access(existing, os.W_OK | os.X_OK):
+                raise PermissionError(13, "Permission denied", str(existing))
+        if target.is_dir() and not target.is_symlink():
+            if not os.access(target, os.W_OK | os.X_OK):
+                raise PermissionError(13, "Permission denied", str(target))
+            status = target.stat()
+            if status.st_uid == os.geteuid() or os.geteuid() == 0:  # an immutable folder refuses even its owner
+                os.utime(target, ns=(status.st_atime_ns, status.st_mtime_ns))  # the times it has: nothing changes
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        where = f" ({error.filename})" if error.filename and Path(error.filename) != target else ""
+        raise OSError(f"{flag} {out}: cannot write there: {reason}{where}; fix that or choose another folder.") from None
+
+
 def check_output_dir(out: str | os.PathLike, flag: str = "--out") -> Path:
     """For writers that add their own files to a folder (eval): ``out`` must be a folder or not exist yet."""
     target = absolute(out)

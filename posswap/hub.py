@@ -8,9 +8,10 @@ with ``save_pretrained`` into a temporary folder, adds the posswap card and uplo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable
@@ -20,6 +21,9 @@ from .sentence_models import is_sentence_transformer, loading_lines, save, trans
 from .version import __version__
 
 CARD_MARKER = "<!-- posswap model card -->"  # lets a later push tell its own card from one the user wrote
+# Seconds the Hub may stay silent (connecting, or between bytes of an answer) before a push gives up; huggingface_hub's
+# client waits forever, so a server that accepts the commit and never answers would hang the push.
+HUB_TIMEOUT = float(os.environ.get("POSSWAP_HUB_TIMEOUT") or 60)
 
 
 def model_card(
@@ -107,8 +111,10 @@ def push_to_hub(
     """Upload a patched model with its card to ``repo_id``; return the repo URL.
 
     ``source`` is a folder that ``save_pretrained`` wrote or a patched model (saved, with ``tokenizer`` if
-    given, to a temporary folder). A folder gets README.md (the card) and ``plots/`` written into it: ``card``
-    when given, else one made by :func:`model_card` unless the folder has a README.md posswap did not write.
+    given, to a temporary folder). The repo gets README.md (the card) and ``plots/`` beside the folder's files:
+    ``card`` when given, else one made by :func:`model_card` unless the folder has a README.md posswap did not
+    write. Nothing is written into the folder; links in it that point outside it are skipped (and named).
+    A Hub that does not answer for ``HUB_TIMEOUT`` seconds (``POSSWAP_HUB_TIMEOUT``) ends the push with an OSError.
     """
     token = check_hub_target(repo_id, token)  # everything that can fail locally fails before the first request
     plots = [Path(p) for p in plots]
@@ -134,15 +140,13 @@ def push_to_hub(
                 f"{readme} was not written by posswap, so the results/plots would not reach the card: "
                 f"remove it, or pass card=posswap.model_card(...)."
             )
-        for plot in plots:  # into the folder, so that the card's links resolve on the Hub
-            (folder / "plots").mkdir(exist_ok=True)
-            shutil.copyfile(plot, folder / "plots" / plot.name)
+        extra: dict[str, Any] = {f"plots/{plot.name}": plot for plot in plots}  # uploaded beside; the folder is left as it is
         if card is not None or ours:
             if card is None:
                 card = model_card(source, plots=[f"plots/{p.name}" for p in plots], repo_id=repo_id, **card_args)
-            readme.write_text(card, encoding="utf-8")
-
-        return upload_folder(folder, repo_id, private, token, commit_message)
+            extra["README.md"] = card.encode("utf-8")
+        again = f"run `posswap push {folder} {repo_id}` again" if isinstance(source, (str, os.PathLike)) else "push again"
+        return upload_folder(folder, repo_id, private, token, commit_message, extra=extra, again=again)
 
 
 def check_hub_target(repo_id: str, token: str | None) -> str:
@@ -160,14 +164,89 @@ def check_hub_target(repo_id: str, token: str | None) -> str:
     return token
 
 
-def upload_folder(folder: Path, repo_id: str, private: bool, token: str, commit_message: str) -> str:
-    """Create the repo if needed and upload ``folder``; returns the repo URL."""
-    from huggingface_hub import HfApi
+def upload_folder(
+    folder: Path, repo_id: str, private: bool, token: str, commit_message: str, extra: dict[str, Any] | None = None,
+    again: str = "push again",
+) -> str:
+    """Create the repo if needed and upload ``folder`` (and ``extra``: repo path -> a file's path or its bytes,
+    in place of the folder's file of that name) in one commit; returns the repo URL. Links that point outside
+    ``folder`` are skipped and named on stderr; nothing is written into ``folder``."""
+    from huggingface_hub import CommitOperationAdd, HfApi
 
+    files, skipped = folder_files(Path(folder))
+    if skipped:
+        print(
+            f"posswap push: skipped {len(skipped)} link(s) that point outside {folder}: {', '.join(skipped)} "
+            "(copy the files in to upload them).", file=sys.stderr,
+        )
+    files.update(extra or {})
+    operations = [
+        CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(data) if isinstance(data, Path) else data)
+        for name, data in sorted(files.items())
+    ]
     api = HfApi(library_name="posswap", library_version=__version__)  # named in the user agent
-    url = api.create_repo(repo_id, exist_ok=True, private=private, token=token)
-    api.upload_folder(repo_id=url.repo_id, folder_path=folder, commit_message=commit_message, token=token)
+    with hub_timeout(again):
+        url = api.create_repo(repo_id, exist_ok=True, private=private, token=token)
+        api.create_commit(repo_id=url.repo_id, operations=operations, commit_message=commit_message, token=token)
     return str(url)
+
+
+def folder_files(folder: Path) -> tuple[dict[str, Path], list[str]]:
+    """What a push of ``folder`` uploads (repo path -> file) and the links it skips because they leave the folder.
+    As ``HfApi.upload_folder``: not ``.git/`` nor ``.cache/huggingface/``; a link to a file in the folder is
+    uploaded as that file; a link to a folder is not followed (what it points to inside is uploaded anyway)."""
+    root = folder.resolve()
+    files, skipped = {}, []
+    for parent, dirs, names in os.walk(folder):
+        here = Path(parent)
+        for name in sorted(dirs):
+            if (here / name).is_symlink() and not _inside(here / name, root):
+                skipped.append(str((here / name).relative_to(folder)))
+        dirs[:] = sorted(d for d in dirs if not (here / d).is_symlink())
+        for name in sorted(names):
+            path = here / name
+            relative = path.relative_to(folder).as_posix()
+            if relative.startswith((".git/", ".cache/huggingface/")):
+                continue
+            if path.is_symlink() and not _inside(path, root):
+                skipped.append(relative)
+            elif path.is_file():
+                files[relative] = path
+    return files, sorted(skipped)
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path.resolve().is_relative_to(root)
+
+
+@contextlib.contextmanager
+def hub_timeout(again: str):
+    """huggingface_hub's shared client with ``HUB_TIMEOUT`` for the requests made inside; a silent or unreachable Hub
+    becomes an OSError that says what to do."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    try:
+        import httpx2 as httpx  # the client huggingface_hub 2.x uses
+    except ImportError:
+        import httpx
+    session = get_session()
+    before = session.timeout
+    session.timeout = httpx.Timeout(HUB_TIMEOUT)
+    try:
+        yield
+    except httpx.TimeoutException:
+        raise TimeoutError(
+            f"the Hub at {constants.ENDPOINT} did not answer within {HUB_TIMEOUT:g} s; check the connection and "
+            f"{again} (set POSSWAP_HUB_TIMEOUT=SECONDS to wait longer)."
+        ) from None
+    except httpx.TransportError as error:  # refused, reset, dropped, DNS
+        raise ConnectionError(
+            f"could not reach the Hub at {constants.ENDPOINT} ({type(error).__name__}: {error}); check the connection "
+            f"and {again}."
+        ) from None
+    finally:
+        session.timeout = before
 
 
 def _loading_section(method: str, name: str, repo: str, block: dict) -> list[str]:

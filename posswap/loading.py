@@ -215,12 +215,36 @@ def _register_auto_classes() -> None:
 _register_auto_classes()
 
 
+class CustomTokenizerCode(ValueError):
+    """A tokenizer that only custom code (``auto_map``) can load: posswap never runs it, and says so."""
+
+
+def load_tokenizer(name_or_path: str):
+    """``AutoTokenizer.from_pretrained`` that never runs, nor asks to run, code from the folder or repo: a
+    tokenizer config whose ``auto_map`` names custom code is loaded with transformers' own class where there is
+    one (and forgets that ``auto_map``, so a saved copy does not point to code it lacks), else refused in one line."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)
+    except ValueError as error:
+        if "trust_remote_code" not in str(error):
+            raise
+        raise CustomTokenizerCode(
+            f"{name_or_path}: its tokenizer config maps the tokenizer to custom code (auto_map), which posswap does "
+            "not run; use a tokenizer with a transformers class (the recipe's tokenizer:), or remove auto_map from "
+            "tokenizer_config.json."
+        ) from None
+    tokenizer.init_kwargs.pop("auto_map", None)
+    return tokenizer
+
+
 def load_model_and_tokenizer(name_or_path: str, **kwargs: Any):
     """A stock checkpoint with the head it was saved with, and its tokenizer (None if it has none)."""
     name_or_path = resolve_model_id(name_or_path)
     model = load_transformers_model(name_or_path, **kwargs)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        tokenizer = load_tokenizer(name_or_path)
+    except CustomTokenizerCode:
+        raise
     except (OSError, ValueError):
         tokenizer = None
     return model, tokenizer

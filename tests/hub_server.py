@@ -30,12 +30,16 @@ class HubStandIn(ThreadingHTTPServer):
         self.repos: dict[str, dict] = {}  # repo id -> {"private": bool, "commits": [summary, ...]}
         self.requests: list[str] = []  # "METHOD path", in order
         self.unknown: list[str] = []
+        # A server that accepts a commit and never answers: the handler waits for `release` (set on exit).
+        self.stall_commits = False
+        self.release = threading.Event()
 
     def __enter__(self) -> "HubStandIn":
         threading.Thread(target=self.serve_forever, daemon=True).start()
         return self
 
     def __exit__(self, *exc) -> None:
+        self.release.set()
         self.shutdown()
         self.server_close()
 
@@ -104,6 +108,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _commit(self, match, body: bytes) -> None:
         repo_id = match["repo"]
+        if self.server.stall_commits:
+            self.server.release.wait(600)
+            return self.close_connection_now()
         if repo_id not in self.server.repos:
             return self._json(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
         for line in body.decode().splitlines():
@@ -118,6 +125,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._json(400, {"error": f"stand-in does not implement commit key {item['key']!r}"})
         oid = hashlib.sha1(body).hexdigest()
         self._json(200, {"commitUrl": f"{self.server.url}/{repo_id}/commit/{oid}", "commitOid": oid})
+
+    def close_connection_now(self) -> None:
+        self.close_connection = True
 
     def _resolve(self, match, body: bytes) -> None:
         path = self.server.root / match["repo"] / match["file"]

@@ -8,7 +8,10 @@ give now.
   (for models patched here and for models loaded with ``trust_remote_code`` where posswap is not installed);
 - KV cache with ``position_ids`` that jump: the full pass with the same ids, for every method;
 - hand-edited ``posswap`` blocks in config.json: one line naming folder, block and key, with posswap and without;
-- ``position_ids`` of the wrong length: a ValueError naming both lengths, for every method.
+- ``position_ids`` of the wrong length: a ValueError naming both lengths, for every method;
+- a tokenizer larger than the model's vocabulary, YAML alias bombs and long values, a Hub that never answers or
+  cannot be reached, links leaving a pushed folder, a refused push, an unwritable final model folder, a push failing
+  after training, unreadable data files, a full disk, a tokenizer mapped to custom code, the meta device.
 
 Concurrency is made deterministic with events: the first writer holds the lock (paused inside its write), then
 the second starts and must be refused.
@@ -80,7 +83,7 @@ def logits(model, tokens, **kwargs) -> torch.Tensor:
 
 
 def one_line_error(code: int, err: str, expected: str) -> str:
-    lines = [line for line in err.strip().splitlines() if "%|" not in line]  # transformers' progress bars
+    lines = [line for line in err.strip().splitlines() if line.strip() and "%|" not in line]  # transformers' progress bars
     assert code == 2 and "Traceback" not in err and len(lines) == 1 and lines[0].startswith("posswap "), err
     assert expected in lines[0], err
     return lines[0]
@@ -503,3 +506,291 @@ def test_position_ids_of_the_wrong_length_are_refused(method, arch):
     with pytest.raises(ValueError, match="position_ids has 3 rows but the input has a batch of 2"):
         logits(model, tokens, position_ids=torch.arange(4).expand(3, -1))
     torch.testing.assert_close(logits(model, tokens, position_ids=torch.arange(4)[None]), logits(model, tokens))
+
+
+# -- item 9: a tokenizer whose ids exceed the model's vocabulary ----------------------------------------------------
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused_before_training(bases, tmp_path, capsys):
+    """A tiny GPT-2 of 211 rows with the GPT-2 tokenizer trained into `IndexError: index out of range in self`."""
+    from posswap.data import GPT2_TOKENIZER_DIR
+
+    small = tmp_path / "small"
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=211, n_positions=32)).save_pretrained(small)
+    run_dir = tmp_path / "run"
+    raw = {"model": str(small), "tokenizer": str(GPT2_TOKENIZER_DIR), "posswap": {"method": "rope", "max_length": 64},
+           "data": {"train": str(bases / "text.txt")}, "train": {"output_dir": str(run_dir), "max_steps": 2, "batch_size": 2}}
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(json.dumps(raw))
+    capsys.readouterr()
+    code = main(["train", str(recipe)])
+    one_line_error(code, capsys.readouterr().err, "the tokenizer has 50257 tokens but the model's vocabulary has 211 rows")
+    assert not (run_dir / "model").exists() and not (run_dir / "log.jsonl").exists()
+
+
+# -- item 10: YAML alias bombs ---------------------------------------------------------------------------------------
+
+BOMB = "".join(
+    f"{name}: &{name} [{', '.join([f'*{prev}'] * 9) if prev else ', '.join(['lol'] * 9)}]\n"
+    for prev, name in zip([None, "a", "b", "c", "d", "e", "f", "g"], "abcdefgh")
+)  # h expands to 9**8 = 43 million strings; the YAML text is 400 bytes
+
+
+@pytest.mark.parametrize("key", ["train.max_steps", "train.curriculum", "push_to_hub", "train.seed"])
+def test_an_alias_bomb_is_refused_in_well_under_a_second(bases, tmp_path, capsys, key):
+    import time
+
+    raw = {"model": str(bases / "gpt2"), "posswap": {"method": "rope", "max_length": 64}, "data": {"train": str(bases / "text.txt")},
+           "train": {"output_dir": str(tmp_path / "run"), "max_steps": 2}}
+    block, _, leaf = key.rpartition(".")
+    (raw[block] if block else raw)[leaf] = "BOMB"
+    recipe = tmp_path / "recipe.yaml"  # JSON is YAML; the bomb is one flow mapping where the value goes
+    recipe.write_text(json.dumps(raw).replace('"BOMB"', "{" + ", ".join(BOMB.splitlines()) + ", x: *h}"))
+    capsys.readouterr()
+    start = time.perf_counter()
+    code = main(["train", str(recipe)])
+    elapsed = time.perf_counter() - start
+    line = one_line_error(code, capsys.readouterr().err, "aliases")
+    assert elapsed < 0.5 and len(line) < 300, (elapsed, line[:300])
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_alias_bomb_in_a_set_value_is_refused(bases, tmp_path, capsys):
+    import time
+
+    from test_training import make_raw
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(json.dumps(make_raw(bases, tmp_path / "run", max_steps=2)))
+    value = "{" + ", ".join(BOMB.splitlines()) + ", x: *h}"  # the bomb as one flow mapping
+    start = time.perf_counter()
+    code = main(["train", str(recipe), "--set", f"train.max_steps={value}"])
+    elapsed = time.perf_counter() - start
+    line = one_line_error(code, capsys.readouterr().err, "aliases")
+    assert elapsed < 0.5 and len(line) < 300, (elapsed, line[:300])
+
+
+def test_a_long_value_is_shown_cut_to_a_line(bases, tmp_path, capsys):
+    """No alias, just a long value: the message shows its start, not all of it."""
+    from test_training import make_raw
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(json.dumps(make_raw(bases, tmp_path / "run", max_steps=list(range(100_000)))))
+    code = main(["train", str(recipe)])
+    line = one_line_error(code, capsys.readouterr().err, "train.max_steps must be a positive integer, got [0, 1, 2")
+    assert len(line) < 300, line[:400]
+
+
+# -- item 11 and the rough edges of push -----------------------------------------------------------------------------
+
+def test_a_push_to_a_hub_that_never_answers_times_out_in_one_line(hub, tmp_path, capsys, monkeypatch):
+    """The server accepts the commit and never answers: the push used to hang forever (the client has no timeout)."""
+    import time
+
+    import posswap.hub
+
+    folder = tmp_path / "out"
+    posswap.patch(tiny(), posswap.RopeConfig(max_length=NEW)).save_pretrained(folder)
+    monkeypatch.setattr(posswap.hub, "HUB_TIMEOUT", 0.5, raising=False)
+    hub.stall_commits = True
+    start = time.perf_counter()
+    code = main(["push", str(folder), "me/stalled"])
+    elapsed = time.perf_counter() - start
+    line = one_line_error(code, capsys.readouterr().err, f"the Hub at {hub.url} did not answer within 0.5 s")
+    assert "POSSWAP_HUB_TIMEOUT" in line and f"posswap push {folder} me/stalled" in line, line
+    assert elapsed < 30, elapsed
+    hub.release.set()
+    assert not (folder / "plots").exists()
+
+
+def test_push_skips_links_that_leave_the_folder(hub, tmp_path, capsys):
+    """A link in the folder to a file outside it used to send that file's contents to the Hub."""
+    folder = tmp_path / "out"
+    posswap.patch(tiny(), posswap.RopeConfig(max_length=NEW)).save_pretrained(folder)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("xyzzy-private-1")
+    (folder / "notes.txt").symlink_to(secret)
+    (folder / "inside.txt").write_text("kept")
+    (folder / "alias.txt").symlink_to(folder / "inside.txt")  # a link within the folder is fine
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "key").write_text("xyzzy-private-2")
+    (folder / "linked-dir").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    assert main(["push", str(folder), "me/links"]) == 0
+    err = capsys.readouterr().err
+    files = hub.files("me/links")
+    assert not any(b"xyzzy-private" in data for data in files.values()), sorted(files)
+    assert "notes.txt" not in files and not any(name.startswith("linked-dir") for name in files)
+    assert files["alias.txt"] == b"kept" and "config.json" in files
+    assert "skipped 2 link(s) that point outside" in err and "notes.txt" in err and "linked-dir" in err, err
+    assert (folder / "notes.txt").is_symlink()  # the user's folder is left as it was
+
+
+def test_a_refused_push_leaves_no_plots_in_the_folder(hub, tmp_path, capsys):
+    folder = tmp_path / "out"
+    posswap.patch(tiny(), posswap.RopeConfig(max_length=NEW)).save_pretrained(folder)
+    plot = tmp_path / "ppl.png"
+    plot.write_bytes(b"\x89PNG not really")
+    before = sorted(p.name for p in folder.iterdir())
+    hub.token = "other"  # the Hub refuses this client's token
+    code = main(["push", str(folder), "me/refused", "--plots", str(plot)])
+    assert code == 2 and "refused" in capsys.readouterr().err
+    assert sorted(p.name for p in folder.iterdir()) == before  # no plots/, no README.md
+
+
+def test_a_push_leaves_the_folder_as_it_was_and_uploads_card_and_plots(hub, tmp_path):
+    folder = tmp_path / "out"
+    posswap.patch(tiny(), posswap.RopeConfig(max_length=NEW)).save_pretrained(folder)
+    plot = tmp_path / "ppl.png"
+    plot.write_bytes(b"\x89PNG not really")
+    before = sorted(p.name for p in folder.iterdir())
+    assert main(["push", str(folder), "me/kept", "--plots", str(plot)]) == 0
+    assert sorted(p.name for p in folder.iterdir()) == before
+    files = hub.files("me/kept")
+    assert files["plots/ppl.png"] == plot.read_bytes() and "![ppl](plots/ppl.png)" in files["README.md"].decode()
+
+
+# -- rough edges: the final save target, a push at the end of training ----------------------------------------------
+
+def _immutable(path: Path, on: bool) -> bool:
+    """chattr +i: a folder that even root cannot change (the tests run as root, where permission bits do nothing)."""
+    done = subprocess.run(["chattr", "+i" if on else "-i", str(path)], capture_output=True)
+    return done.returncode == 0
+
+
+def test_an_unwritable_final_model_folder_is_found_before_training(bases, tmp_path, capsys):
+    """The run used to train to the end and then fail at the final save, losing the steps since the last checkpoint."""
+    from test_training import make_raw
+
+    run_dir = tmp_path / "run"
+    (run_dir / "model").mkdir(parents=True)
+    if not _immutable(run_dir / "model", True):
+        pytest.skip("chattr +i is not available here")
+    try:
+        recipe = tmp_path / "recipe.yaml"
+        recipe.write_text(json.dumps(make_raw(bases, run_dir, max_steps=2)))
+        capsys.readouterr()
+        code = main(["train", str(recipe)])
+        one_line_error(code, capsys.readouterr().err, f"train.output_dir: model folder {run_dir / 'model'}: cannot write there")
+        assert sorted(p.name for p in run_dir.iterdir()) == ["model"]  # refused before the first step: no log, no checkpoint
+    finally:
+        _immutable(run_dir / "model", False)
+
+
+def test_a_push_failing_at_the_end_of_training_says_where_the_model_is(bases, hub, tmp_path, capsys):
+    from test_training import make_raw
+
+    run_dir = tmp_path / "run"
+    raw = make_raw(bases, run_dir, max_steps=2)
+    raw["push_to_hub"] = "me/trained"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(json.dumps(raw))
+    hub.token = "other"  # the Hub refuses the upload
+    capsys.readouterr()
+    code = main(["train", str(recipe)])
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]  # after the training's progress bars
+    assert code == 2 and "Traceback" not in err and line.startswith("posswap train: error: "), err
+    assert f"the trained model is saved in {run_dir / 'model'}, but the push to me/trained failed: Client error '401 Unauthorized'" in line, line
+    assert f"posswap push {run_dir / 'model'} me/trained" in line
+    assert posswap.from_pretrained(str(run_dir / "model")).config.posswap["method"] == "rope"
+
+
+# -- rough edges: exit 2 with one line where a user can fix the cause ------------------------------------------------
+
+@pytest.mark.parametrize("name,content,expected", [
+    ("bad.txt", b"It is a truth universally acknowledged\n\xff\xfe that a single man\n",
+     "is not UTF-8 text: byte 0xff on line 2"),
+    ("bad.jsonl", b'{"text": "a"}\n{"text": "b"\n{"text": "c"}\n', "line 2 is not valid JSON"),
+    ("list.jsonl", b'{"text": "a"}\n[1, 2]\n', "line 2 is not a JSON object"),
+    ("binary.txt", b"PK\x03\x04\x00\x00\x00binary", "looks binary (a NUL byte on line 1)"),
+])
+def test_unreadable_training_data_is_one_line_naming_the_file(bases, tmp_path, capsys, name, content, expected):
+    from test_training import make_raw
+
+    data = tmp_path / name
+    data.write_bytes(content)
+    raw = make_raw(bases, tmp_path / "run", max_steps=2)
+    raw["data"]["train"] = str(data)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(json.dumps(raw))
+    capsys.readouterr()
+    code = main(["train", str(recipe)])
+    one_line_error(code, capsys.readouterr().err, f"data.train: {data} {expected}")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_full_disk_while_patching_is_one_line(base_folder, tmp_path, capsys, monkeypatch):
+    import safetensors
+    import transformers.modeling_utils
+
+    def full(*args, **kwargs):  # what safetensors raises when the disk fills up under it
+        raise safetensors.SafetensorError('Error while serializing: I/O error: No space left on device (os error 28)')
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full)
+    code = main(["patch", str(base_folder), "--method", "rope", "--max-length", str(NEW), "--out", str(tmp_path / "out")])
+    one_line_error(code, capsys.readouterr().err, "the disk is full (No space left on device); free some space and run again")
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+def test_an_unreachable_hub_is_one_line(hub, tmp_path, capsys, monkeypatch):
+    import socket
+
+    import huggingface_hub
+
+    folder = tmp_path / "out"
+    posswap.patch(tiny(), posswap.RopeConfig(max_length=NEW)).save_pretrained(folder)
+    with socket.socket() as closed:  # a port nobody listens on: connection refused at once
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", url)
+    code = main(["push", str(folder), "me/unreachable"])
+    line = one_line_error(code, capsys.readouterr().err, f"could not reach the Hub at {url} (ConnectError")
+    assert f"run `posswap push {folder} me/unreachable` again" in line
+
+
+# -- rough edges: a tokenizer config that maps to custom code ------------------------------------------------------
+
+def _custom_code_tokenizer(folder: Path, tokenizer_class: str) -> None:
+    from posswap.data import GPT2_TOKENIZER_DIR
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(GPT2_TOKENIZER_DIR)
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=len(tokenizer), n_positions=32)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.update(tokenizer_class=tokenizer_class, auto_map={"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]})
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "tokenization_evil.py").write_text("raise SystemExit('custom code ran')\n")
+
+
+@pytest.mark.parametrize("tokenizer_class", ["GPT2Tokenizer", "EvilTokenizer"])
+def test_a_tokenizer_mapped_to_custom_code_is_never_prompted_for(tmp_path, capsys, monkeypatch, tokenizer_class):
+    """`posswap patch` stopped to ask "Do you wish to run the custom code? [y/N]" and kept a dangling auto_map. Now it
+    loads the tokenizer with transformers' own class, never asking, and the output's tokenizer config has no auto_map."""
+    import builtins
+
+    source = tmp_path / "src"
+    _custom_code_tokenizer(source, tokenizer_class)
+    monkeypatch.setattr(transformers.dynamic_module_utils, "TIME_OUT_REMOTE_CODE", 15)
+    prompts = []
+    monkeypatch.setattr(builtins, "input", lambda *args: prompts.append(args) or "n")
+    out = tmp_path / "out"
+    assert main(["patch", str(source), "--method", "rope", "--max-length", "64", "--out", str(out)]) == 0, capsys.readouterr().err
+    assert prompts == []
+    saved = json.loads((out / "tokenizer_config.json").read_text())
+    assert "auto_map" not in saved and not (out / "tokenization_evil.py").exists()
+    assert transformers.AutoTokenizer.from_pretrained(out)("a b").input_ids == transformers.AutoTokenizer.from_pretrained(source, trust_remote_code=False)("a b").input_ids
+
+
+# -- rough edges: the meta device ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", ["gpt2", "bert"])
+@pytest.mark.parametrize("method", FACTORIES)
+def test_forward_on_the_meta_device_runs_as_stock(method, arch):
+    """Shapes without data (memory planning, torch.device("meta") tracing): RoPE raised "unsupported scalarType" (autocast
+    has no meta device) and T5 bias / TUPE called .item() on meta tensors; the stock model runs."""
+    stock, model = tiny(arch).to("meta"), patched(method, arch).to("meta")
+    tokens = ids(8, batch=2).to("meta")
+    with torch.no_grad():
+        expected, out = stock(input_ids=tokens).logits, model(input_ids=tokens).logits
+    assert out.device.type == "meta" and out.shape == expected.shape

@@ -136,16 +136,14 @@ def check_settings(
 
 
 def _tokenizer(tokenizer, models):
-    from transformers import AutoTokenizer
-
-    from ..loading import resolve_model_id
+    from ..loading import load_tokenizer, resolve_model_id
 
     if tokenizer is None:
         paths = [m for m in models.values() if isinstance(m, (str, Path))]
         if not paths:
             raise ValueError("Pass a tokenizer: no model was given as a path to load one from.")
         tokenizer = paths[0]
-    return AutoTokenizer.from_pretrained(resolve_model_id(str(tokenizer))) if isinstance(tokenizer, (str, Path)) else tokenizer
+    return load_tokenizer(resolve_model_id(str(tokenizer))) if isinstance(tokenizer, (str, Path)) else tokenizer
 
 
 def _score_causal(model, name, stream, lengths, result, stride, beyond, max_tokens, progress):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -88,10 +89,17 @@ def rope_frequencies(
     return ROPE_INIT_FUNCTIONS[rope_type](config, device=None, seq_len=seq_len)
 
 
+def no_autocast(device_type: str):
+    """Autocast off on ``device_type``; nothing to turn off where there is no autocast (the meta device: shapes only)."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type=device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
 def rotary_cos_sin(inv_freq: torch.Tensor, position_ids: torch.Tensor, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin, (batch, length, rotary_dim), fp32 whatever autocast says: positions times frequencies
     lose precision in half precision long before 4k."""
-    with torch.autocast(device_type=position_ids.device.type, enabled=False):
+    with no_autocast(position_ids.device.type):
         angles = position_ids[..., None].float() * inv_freq.float().to(position_ids.device)
         angles = torch.cat((angles, angles), dim=-1)  # the rotate_half layout of transformers' Llama
         return angles.cos() * scale, angles.sin() * scale
@@ -104,7 +112,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
     rotary_dim = cos.shape[-1]
     cos, sin = cos[:, :, None], sin[:, :, None]
-    with torch.autocast(device_type=x.device.type, enabled=False):
+    with no_autocast(x.device.type):
         rotated, passed = x[..., :rotary_dim].float(), x[..., rotary_dim:]
         rotated = rotated * cos + rotate_half(rotated) * sin
         return torch.cat((rotated.to(x.dtype), passed), dim=-1) if passed.shape[-1] else rotated.to(x.dtype)

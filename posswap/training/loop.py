@@ -20,11 +20,11 @@ from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, DistributedType, set_seed
 from torch.utils.data import DataLoader, IterableDataset
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, get_cosine_schedule_with_warmup
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, get_cosine_schedule_with_warmup
 
 from ..architectures import ARCHITECTURES, find_sites
-from ..files import absolute, check_folder_target, hold
-from ..loading import from_pretrained, resolve_model_id, save_model_and_tokenizer
+from ..files import absolute, check_folder_target, check_writable, hold
+from ..loading import from_pretrained, load_tokenizer, resolve_model_id, save_model_and_tokenizer
 from ..patching import patch, patched_config
 from .checkpoint import check_optimizer_groups, latest_checkpoint, load_checkpoint, log_lines_upto, prune_checkpoints, resumable_checkpoint, save_checkpoint
 from .data import packed_windows, with_repeated_spans
@@ -40,9 +40,10 @@ def load_patched_model(recipe: Recipe):
     """The model with the head its objective needs (an MLM head is created if the checkpoint has none),
     patched as the recipe says, and its tokenizer with the new model_max_length."""
     name = resolve_model_id(recipe.model)
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_id(recipe.tokenizer or recipe.model))
+    tokenizer = load_tokenizer(resolve_model_id(recipe.tokenizer or recipe.model))
     causal = ARCHITECTURES[AutoConfig.from_pretrained(name).model_type].causal
     model = from_pretrained(name, model_class=AutoModelForCausalLM if causal else AutoModelForMaskedLM)
+    check_vocabulary(tokenizer, model, recipe)
     if recipe.posswap is not None and patched_config(model) != recipe.posswap:
         patch(model, recipe.posswap, tokenizer=tokenizer)
     tokenizer.model_max_length = find_sites(model).max_length
@@ -51,6 +52,19 @@ def load_patched_model(recipe: Recipe):
     if causal:  # GPT2LMHeadModel's name matches no entry of transformers' loss table: without this its first
         model.loss_type = "ForCausalLM"  # loss warns "loss_type=None ... unrecognized" and falls back to this one
     return model, tokenizer, causal
+
+
+def check_vocabulary(tokenizer, model, recipe: Recipe) -> None:
+    """Every id the tokenizer gives must have a row in the model's embedding table; found before training, not as
+    ``IndexError: index out of range in self`` at the first step."""
+    tokens, rows = len(tokenizer), model.get_input_embeddings().num_embeddings
+    if tokens > rows:
+        source = f"tokenizer {recipe.tokenizer}" if recipe.tokenizer else f"the tokenizer of {recipe.model}"
+        raise ValueError(
+            f"the tokenizer has {tokens} tokens but the model's vocabulary has {rows} rows ({source}, model {recipe.model}): "
+            f"ids from {rows} up have no embedding. Use the model's own tokenizer, or resize the model's embeddings "
+            "(model.resize_token_embeddings) and save it first."
+        )
 
 
 def _local_source(name: str) -> str | None:
@@ -114,6 +128,7 @@ def _train(recipe: Recipe, raw, resume: bool, callbacks, overwrite: bool, force:
     replace = overwrite or resume
     # Found out now, not after the training: the final save may not replace what is there.
     check_folder_target(final_dir, replace, _local_source(recipe.model), flag="train.output_dir: model folder")
+    check_writable(final_dir, flag="train.output_dir: model folder")  # permissions, a read-only or immutable folder
     if not resume and latest_checkpoint(run_dir) is not None:
         raise ValueError(f"{run_dir} already holds checkpoints: pass --resume to continue, or choose another train.output_dir.")
     checkpoint = resumable_checkpoint(run_dir) if resume else None  # checked before anything is loaded
@@ -330,13 +345,22 @@ def _evaluate(recipe: Recipe, model, tokenizer, run_dir: Path, device: torch.dev
 
 
 def _push(recipe: Recipe, final_dir: Path, run_dir: Path) -> None:
+    from huggingface_hub.errors import HfHubHTTPError
+
     from ..hub import push_to_hub
 
     results = run_dir / "eval" / "results.json"
-    url = push_to_hub(
-        final_dir, recipe.push_to_hub,
-        results=results if results.exists() else None, plots=sorted((run_dir / "eval").glob("*.png")),
-        base_model=None if Path(recipe.model).exists() or recipe.model.startswith("posswap:") else recipe.model,
-        data=recipe.data.train, steps=recipe.train.max_steps,
-    )
+    try:
+        url = push_to_hub(
+            final_dir, recipe.push_to_hub,
+            results=results if results.exists() else None, plots=sorted((run_dir / "eval").glob("*.png")),
+            base_model=None if Path(recipe.model).exists() or recipe.model.startswith("posswap:") else recipe.model,
+            data=recipe.data.train, steps=recipe.train.max_steps,
+        )
+    except (OSError, HfHubHTTPError) as error:  # the run is not lost: say where it is and how to push it
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0].rstrip(".")  # the Hub's first line
+        raise OSError(
+            f"the trained model is saved in {final_dir}, but the push to {recipe.push_to_hub} failed: {reason}. "
+            f"Push it with `posswap push {final_dir} {recipe.push_to_hub}`."
+        ) from None
     print(f"Pushed to {url}")

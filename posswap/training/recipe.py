@@ -14,6 +14,7 @@ import yaml
 
 from ..config import (
     PositionConfig, check_bool, check_choice, check_number, check_positive_int, check_text, config_from_dict, load_yaml,
+    shown,
 )
 from ..evaluation.harness import check_settings
 
@@ -116,7 +117,7 @@ class TrainSpec:
             if self.curriculum:
                 raise ValueError("train.pose_window and train.curriculum are two ways to reach the length; choose one.")
         if self.curriculum is not None and not isinstance(self.curriculum, list):
-            raise ValueError(f"train.curriculum must be a list of window lengths, got {self.curriculum!r}.")
+            raise ValueError(f"train.curriculum must be a list of window lengths, got {shown(self.curriculum)}.")
         for length in self.curriculum or []:
             check_positive_int("train.curriculum entries", length)
             if max_length is not None and length > max_length:
@@ -169,10 +170,12 @@ class Recipe:
         if self.push_to_hub is not None:
             from huggingface_hub.utils import validate_repo_id
 
+            check_text("push_to_hub", self.push_to_hub)
             try:
                 validate_repo_id(self.push_to_hub)
-            except ValueError as error:  # HFValidationError is a ValueError
-                raise ValueError(f"push_to_hub: bad repo id {self.push_to_hub!r}; use 'namespace/name'. ({error})") from None
+            except ValueError as error:  # HFValidationError is a ValueError; it quotes the whole id, which may be long
+                reason = str(error).replace(repr(self.push_to_hub), "it").replace(self.push_to_hub, "it")
+                raise ValueError(f"push_to_hub: bad repo id {shown(self.push_to_hub)}; use 'namespace/name'. ({reason})") from None
         self.data.validate()
         self.train.validate(self.max_length)
         self.eval.validate()
@@ -240,6 +243,38 @@ def check_data_source(name: str, value: str) -> None:
         raise ValueError(f"{name}: no local file {value!r}.")
     if path.suffix not in LOCAL_SUFFIXES:
         raise ValueError(f"{name}: cannot read {value!r}; use a {', '.join(LOCAL_SUFFIXES)} file.")
+    if path.suffix in (".txt", ".jsonl", ".json"):
+        check_text_file(name, path)
+
+
+def check_text_file(name: str, path: Path) -> None:
+    """A text file ``datasets`` would fail on deep inside its builder (exit 1, no file named): bytes that are not
+    UTF-8, a NUL byte (a binary file), and for ``.jsonl`` a line that is not a JSON object. Named with file and line."""
+    jsonl = path.suffix == ".jsonl"
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"{name}: {path} is not UTF-8 text: byte 0x{line[error.start]:02x} on line {number} (column "
+                    f"{error.start + 1}); save the file as UTF-8."
+                ) from None
+            if "\0" in text:
+                raise ValueError(f"{name}: {path} looks binary (a NUL byte on line {number}); give a UTF-8 text file.")
+            if jsonl and text.strip():
+                try:
+                    row = json.loads(text)
+                except json.JSONDecodeError as error:
+                    raise ValueError(
+                        f"{name}: {path} line {number} is not valid JSON: {error.msg} (column {error.colno}); "
+                        "fix or remove that line (one JSON object per line)."
+                    ) from None
+                if not isinstance(row, dict):
+                    raise ValueError(
+                        f"{name}: {path} line {number} is not a JSON object but {type(row).__name__}; "
+                        "write one object per line, e.g. {\"text\": \"...\"}."
+                    )
 
 
 def _build(cls: type, values: Any, where: str) -> Any:
@@ -282,14 +317,18 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"--set needs KEY=VALUE (e.g. train.max_steps=200), got {item!r}.")
+            raise ValueError(f"--set needs KEY=VALUE (e.g. train.max_steps=200), got {shown(item)}.")
         node = raw
         *parents, leaf = key.split(".")
         for part in parents:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ValueError(f"--set {key}: {part!r} is not a block.")
-        node[leaf] = load_yaml(value)
+        try:
+            node[leaf] = load_yaml(value)
+        except yaml.YAMLError as error:  # the parser's own message spans several lines and quotes the text
+            problem = getattr(error, "problem", None) or type(error).__name__
+            raise ValueError(f"--set {key}: the value is not valid YAML: {problem}.") from None
     return raw
 
 
