@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from .config import load_yaml
+from .config import check_number, load_yaml
 from .registry import METHODS
 
 
@@ -192,6 +192,7 @@ def _cmd_copying_study(args: argparse.Namespace) -> None:
                         ("--device", args.device), ("--budget", args.budget)):
         if value is not None:
             raise ValueError(f"{flag} belongs to the text study (--preset full or minilm-mini); --preset {args.preset} runs on the copier, on the CPU.")
+    check_number("--jobs", args.jobs, minimum=1, integer=True)
     variants = args.variants.split(",") if args.variants else None
     spec = narrowed(COPYING_PRESETS[args.preset], variants, args.steps, args.lr, not args.no_baseline, args.seeds)  # checked first
     work = Path(args.work or f"out/study-{args.preset}")

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -219,6 +220,10 @@ def _inside(path: Path, root: Path) -> bool:
     return path.resolve().is_relative_to(root)
 
 
+_TIMEOUT_LOCK = threading.Lock()
+_TIMEOUT_USERS: list = []  # [the session's own timeout, one entry per push running now]
+
+
 @contextlib.contextmanager
 def hub_timeout(again: str):
     """huggingface_hub's shared client with ``HUB_TIMEOUT`` for the requests made inside; a silent or unreachable Hub
@@ -231,8 +236,11 @@ def hub_timeout(again: str):
     except ImportError:
         import httpx
     session = get_session()
-    before = session.timeout
-    session.timeout = httpx.Timeout(HUB_TIMEOUT)
+    with _TIMEOUT_LOCK:  # pushes from several threads share the session: the first sets the timeout, the last restores it
+        if not _TIMEOUT_USERS:
+            _TIMEOUT_USERS.append(session.timeout)
+        _TIMEOUT_USERS.append(None)
+        session.timeout = httpx.Timeout(HUB_TIMEOUT)
     try:
         yield
     except httpx.TimeoutException:
@@ -246,7 +254,10 @@ def hub_timeout(again: str):
             f"and {again}."
         ) from None
     finally:
-        session.timeout = before
+        with _TIMEOUT_LOCK:
+            _TIMEOUT_USERS.pop()
+            if len(_TIMEOUT_USERS) == 1:
+                session.timeout = _TIMEOUT_USERS.pop()  # the session's own timeout, as before the first push
 
 
 def _loading_section(method: str, name: str, repo: str, block: dict) -> list[str]:

@@ -91,15 +91,21 @@ def assert_decoding_equals_full_pass(model, ids: torch.Tensor, prefix: int, atol
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=atol, rtol=rtol)
 
 
+def padded_mask(ids: torch.Tensor, model_type: str, pad: int) -> torch.Tensor:
+    """An attention mask whose second row has ``pad`` padding tokens: on the left for GPT-2, on the right for encoders."""
+    mask = torch.ones_like(ids)
+    if model_type == "gpt2":
+        mask[1, :pad] = 0
+    else:
+        mask[1, -pad:] = 0
+    return mask
+
+
 def assert_kernels_agree(model_type: str, build) -> None:
     """``build(backend)`` patched with eager, sdpa and flex gives the same outputs on a padded batch (left padding
     for GPT-2, right for encoders), compared on the real tokens."""
     ids = token_ids(48)
-    mask = torch.ones_like(ids)
-    if model_type == "gpt2":
-        mask[1, :9] = 0
-    else:
-        mask[1, -9:] = 0
+    mask = padded_mask(ids, model_type, 9)
     results = {}
     for backend in ("eager", "sdpa", "flex"):
         with torch.no_grad():

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import posswap
-from conftest import assert_decoding_equals_full_pass, MODEL_IDS, MODELS, OLD_LENGTH, assert_untouched, make_model, outputs, reload_and_compare, sharpen_qk, snapshot, token_ids
+from conftest import assert_decoding_equals_full_pass, MODEL_IDS, MODELS, OLD_LENGTH, assert_untouched, make_model, outputs, padded_mask, reload_and_compare, sharpen_qk, snapshot, token_ids
 from posswap.portable import posswap_runtime
 from posswap.registry import METHODS
 
@@ -130,11 +130,7 @@ def test_gradient_checkpointing_gives_the_plain_gradients(method, model_type, he
     the plain step: the layers run again in the backward pass must do what they did in the forward."""
     model = _without_dropout(patched(method, model_type, head))
     ids = token_ids(24)
-    mask = torch.ones_like(ids)
-    if model_type == "gpt2":
-        mask[1, :5] = 0
-    else:
-        mask[1, -5:] = 0
+    mask = padded_mask(ids, model_type, 5)
     plain = _gradients(model, ids, mask)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
     checkpointed = _gradients(model, ids, mask)

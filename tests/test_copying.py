@@ -14,7 +14,7 @@ import torch
 from posswap.cli import main
 from posswap.study.copier import COPIER_FILE, SHIPPED, CopierRecipe, copier, fingerprint, load_copier, new_copier, tiled_windows
 from posswap.study.copying import (
-    BASELINE, COPYING, COPYING_VARIANTS, CHECK_MULTIPLES, MIN_COPY, CopyingSpec, Schedule, check_copier, narrowed, run_copying,
+    BASELINE, COPYING, ROPE, COPYING_VARIANTS, CHECK_MULTIPLES, MIN_COPY, CopyingSpec, Schedule, check_copier, narrowed, run_copying,
     variant_config,
 )
 from posswap.study.copying_report import copying_table, first_step, previous_token_head
@@ -73,6 +73,9 @@ def test_variants_and_command_line_choices_are_checked_first():
     with pytest.raises(ValueError, match="--seeds"):
         narrowed(COPYING, seeds=0)
     assert narrowed(COPYING, steps=10).probe_every == 10 and narrowed(COPYING, seeds=1).seeds == (0,)
+    faster = narrowed(ROPE, lr=1e-2)  # --lr reaches every variant, a recipe with its own rate included
+    assert {faster.schedule_of(n).lr for n in ROPE.variants} == {1e-2}
+    assert faster.schedule_of("rope-partial-keep-plr").position_lr == 3e-3
 
 
 def test_cli_refuses_text_study_flags_on_the_copier(tmp_path, capsys):

@@ -127,3 +127,21 @@ def test_user_readme_is_kept_and_never_silently_drops_results(hub, tmp_path):
 def test_unpatched_model_has_no_card(tmp_path):
     with pytest.raises(ValueError, match="no 'posswap' block"):
         model_card(make_model("gpt2", "GPT2LMHeadModel"))
+
+
+def test_overlapping_pushes_keep_the_timeout_until_the_last_ends():
+    """Pushes from several threads share huggingface_hub's session: one ending must not take the timeout from
+    another still running, and the session's own timeout comes back after the last."""
+    from huggingface_hub.utils import get_session
+
+    from posswap.hub import HUB_TIMEOUT, hub_timeout
+
+    session = get_session()
+    own = session.timeout
+    first, second = hub_timeout("push again"), hub_timeout("push again")
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert session.timeout.read == HUB_TIMEOUT  # the second push still has its timeout
+    second.__exit__(None, None, None)
+    assert session.timeout == own

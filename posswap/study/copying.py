@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
-import math
+import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
@@ -23,6 +23,7 @@ import torch
 from ..config import check_number
 from .copier import CopierRecipe, copier, make_optimizer, tiled_windows, train_step
 from .plan import EXTEND, VARIANTS, variant_patch
+from .scoring import write_json
 
 MULTIPLES = (0.5, 1.5, 3, 6)  # probed distances, in multiples of the copier's window; 6x is past the trained 4x
 CHECK_MULTIPLES = (0.25, 0.5, 0.75)  # where the copier must copy before anything uses it
@@ -108,7 +109,9 @@ def narrowed(spec: CopyingSpec, variants: list[str] | None = None, steps: int | 
         spec = replace(spec, steps=steps, probe_every=min(spec.probe_every, steps))
     if lr is not None:
         check_number("--lr", lr, above=0)
-        spec = replace(spec, schedule=replace(spec.schedule, lr=lr), schedules={})
+        # every variant's rate, a RoPE recipe's own included (its position_lr stays)
+        spec = replace(spec, schedule=replace(spec.schedule, lr=lr),
+                       schedules={n: replace(spec.schedule_of(n), lr=lr) for n in spec.variants})
     if seeds is not None:
         check_number("--seeds", seeds, minimum=1, integer=True)
         spec = replace(spec, seeds=tuple(range(seeds)))
@@ -216,10 +219,7 @@ def _worker(base_folder: str, spec: CopyingSpec, name: str, seed: int, work: str
 
     torch.set_num_threads(1)
     base = load_copier(Path(base_folder), spec.copier)
-    result = train_and_probe(base, spec, name, seed)
-    path = run_file(Path(work), name, seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result) + "\n")
+    write_json(run_file(Path(work), name, seed), train_and_probe(base, spec, name, seed), indent=None)
     return f"{name} seed {seed}"
 
 
@@ -280,8 +280,7 @@ def run_copying(spec: CopyingSpec, work: Path, out: Path, jobs: int = 2, progres
         "untrained": untrained, "runs": runs,
         "timings_s": {"copier": round(base_seconds, 1), "all": round(time.perf_counter() - started, 1)},
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "copying.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_json(out / "copying.json", results, indent=1)
     write_report(results, out)
     return results
 
@@ -293,12 +292,8 @@ def _patched(base, name: str, spec: CopyingSpec):
 
 
 def mean_and_std(values: list[float]) -> tuple[float, float | None]:
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, None
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-
-
+    """Mean and sample standard deviation (None for one value: no spread to measure)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
 # --- the presets ----------------------------------------------------------------------------------------------
@@ -308,7 +303,7 @@ COPYING = CopyingSpec(name="copying", variants=COPYING_VARIANTS, steps=100)
 # What lets RoPE copy again: the recipes, longer (300 steps), one seed each.
 ROPE = CopyingSpec(name="rope", variants=("rope", "rope-keep", *ROPE_RECIPES), steps=300, probe_every=50, seeds=(0,), baseline=False)
 # The README's main command: the copier trained from its recipe (base included, as a newcomer should see it), then
-# the best method and RoPE trained briefly, one seed: 4.7 min on 2 cores, 1 min once the copier is in the work folder.
+# the best method and RoPE trained briefly, one seed (its timings: results/mini/copying.json).
 MINI = CopyingSpec(name="mini", variants=("t5-bias-fit", "rope"), steps=40, probe_every=20, seeds=(0,), baseline=False,
                    untrained_rows=("t5-bias-fit",), shipped_copier=False)
 COPYING_PRESETS = {"mini": MINI, "copying": COPYING, "copying-rope": ROPE}

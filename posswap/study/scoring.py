@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -169,7 +170,11 @@ def load_sets(spec: BaseSpec, folder: Path) -> dict[str, Results]:
     return {data: Results.load(folder / f"{set_name(data)}.json") for data in spec.heldout}
 
 
-def write_json(path: Path, value) -> Path:
+def write_json(path: Path, value, indent: int | None = 2) -> Path:
+    """Write ``value`` whole or not at all (beside, then renamed over): a killed study never leaves a cut file that
+    the next run would fail to read."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(value, indent=2) + "\n")
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    staging.write_text(json.dumps(value, indent=indent) + "\n")
+    os.replace(staging, path)
     return path
