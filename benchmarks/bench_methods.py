@@ -36,8 +36,24 @@ import sys
 import threading
 import time
 
-VARIANTS = ("stock", "copy", "rope", "rope-yarn", "alibi-sdpa", "alibi-flex", "sinusoidal", "nope", "t5-bias", "tupe", "tupe-dense", "tupe-r")
-SIZES = {"reference": dict(n_layer=6, n_embd=256, n_head=8, vocab_size=8192), "small": dict(n_layer=12, n_embd=768, n_head=12)}
+VARIANTS = (
+    "stock",
+    "copy",
+    "rope",
+    "rope-yarn",
+    "alibi-sdpa",
+    "alibi-flex",
+    "sinusoidal",
+    "nope",
+    "t5-bias",
+    "tupe",
+    "tupe-dense",
+    "tupe-r",
+)
+SIZES = {
+    "reference": dict(n_layer=6, n_embd=256, n_head=8, vocab_size=8192),
+    "small": dict(n_layer=12, n_embd=768, n_head=12),
+}
 MODES = ("fwd", "fwd+bwd")
 
 
@@ -162,8 +178,18 @@ def main() -> None:
             for variant in args.variants:
                 if variant == "alibi-flex" and mode == "fwd+bwd" and args.device == "cpu":
                     continue  # torch 2.13: "FlexAttention does not support backward on CPU"
-                command = [sys.executable, __file__, "--_one", f"{variant},{length},{mode}", "--size", args.size,
-                           "--repeats", str(args.repeats), "--device", args.device] + (["--layers", str(args.layers)] if args.layers else [])
+                command = [
+                    sys.executable,
+                    __file__,
+                    "--_one",
+                    f"{variant},{length},{mode}",
+                    "--size",
+                    args.size,
+                    "--repeats",
+                    str(args.repeats),
+                    "--device",
+                    args.device,
+                ] + (["--layers", str(args.layers)] if args.layers else [])
                 # Large blocks via mmap: freed memory goes back to the OS, so RSS follows live tensors.
                 env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
                 done = subprocess.run(command, capture_output=True, text=True, env=env)
@@ -172,12 +198,18 @@ def main() -> None:
                     continue
                 results[variant, length, mode] = json.loads(done.stdout.strip().splitlines()[-1])
                 r = results[variant, length, mode]
-                print(f"  {variant:10s} {length:6d} {mode:8s} {r['time']:8.3f} s  {r['peak'] / 2**20:9.1f} MiB", file=sys.stderr, flush=True)
+                print(
+                    f"  {variant:10s} {length:6d} {mode:8s} {r['time']:8.3f} s  {r['peak'] / 2**20:9.1f} MiB",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     mib = 2**20
     shape = {**SIZES[args.size], **({"n_layer": args.layers} if args.layers else {})}
-    print(f"\nGPT-2 {args.size} ({shape}), GPT2Model, batch 1, {args.device}, median of {args.repeats}; "
-          f"memory = {'CUDA max_memory_allocated' if args.device == 'cuda' else 'peak RSS delta'} during the call")
+    print(
+        f"\nGPT-2 {args.size} ({shape}), GPT2Model, batch 1, {args.device}, median of {args.repeats}; "
+        f"memory = {'CUDA max_memory_allocated' if args.device == 'cuda' else 'peak RSS delta'} during the call"
+    )
     print("| length | pass | variant | tokens/s | peak MiB | speed / stock | memory / stock |")
     print("|---|---|---|---|---|---|---|")
     for length in args.lengths:
@@ -189,7 +221,9 @@ def main() -> None:
                     continue
                 speed = f"{stock['time'] / r['time']:.2f}" if stock else "-"
                 memory = f"{r['peak'] / stock['peak']:.2f}" if stock and stock["peak"] > 0 else "-"
-                print(f"| {length} | {mode} | {variant} | {length / r['time']:,.0f} | {r['peak'] / mib:.1f} | {speed} | {memory} |")
+                print(
+                    f"| {length} | {mode} | {variant} | {length / r['time']:,.0f} | {r['peak'] / mib:.1f} | {speed} | {memory} |"
+                )
 
 
 if __name__ == "__main__":

@@ -34,7 +34,14 @@ def measure(variant: str, repeats: int, threads: int, length: int) -> dict:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     config = transformers.GPT2Config(
-        n_layer=6, n_embd=256, n_head=8, vocab_size=8192, n_positions=256, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0
+        n_layer=6,
+        n_embd=256,
+        n_head=8,
+        vocab_size=8192,
+        n_positions=256,
+        attn_pdrop=0.0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
     )
     model = transformers.GPT2Model(config).eval()
     patch = {"rope": posswap.RopeConfig(max_length=1024), "alibi": posswap.AlibiConfig(max_length=1024, backend="sdpa")}
@@ -57,8 +64,12 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per subprocess (1: steadier on a shared machine).")
-    parser.add_argument("--length", type=int, default=1024, help="Tokens per forward (a short one shows the fixed per-call cost).")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads per subprocess (1: steadier on a shared machine)."
+    )
+    parser.add_argument(
+        "--length", type=int, default=1024, help="Tokens per forward (a short one shows the fixed per-call cost)."
+    )
     parser.add_argument("--_one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._one:
@@ -71,22 +82,47 @@ def main() -> None:
         order = list(trees) if round_ % 2 == 0 else list(reversed(trees))  # neither tree always goes first
         for variant in args.variants:
             for tree in order:
-                env = {**os.environ, "PYTHONPATH": trees[tree] + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": str(args.threads)}
-                command = [sys.executable, __file__, "--_one", variant, "--before", args.before, "--repeats", str(args.repeats), "--threads", str(args.threads), "--length", str(args.length)]
+                env = {
+                    **os.environ,
+                    "PYTHONPATH": trees[tree] + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                    "OMP_NUM_THREADS": str(args.threads),
+                }
+                command = [
+                    sys.executable,
+                    __file__,
+                    "--_one",
+                    variant,
+                    "--before",
+                    args.before,
+                    "--repeats",
+                    str(args.repeats),
+                    "--threads",
+                    str(args.threads),
+                    "--length",
+                    str(args.length),
+                ]
                 done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
                 result = json.loads(done.stdout.strip().splitlines()[-1])
                 assert result["posswap"].startswith(trees[tree]), (tree, result["posswap"])
                 runs[tree, variant].append(result["median"])
-                print(f"  round {round_} {variant:5s} {tree:6s} {result['median'] * 1e3:8.1f} ms (min {result['min'] * 1e3:.1f})", file=sys.stderr, flush=True)
+                print(
+                    f"  round {round_} {variant:5s} {tree:6s} {result['median'] * 1e3:8.1f} ms (min {result['min'] * 1e3:.1f})",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
-    print(f"\nGPT-2 6 x 256, 8 heads, 256 -> 1024 positions, GPT2Model forward, batch 1 x {args.length}, CPU, {args.threads} thread(s); "
-          f"median over {args.rounds} rounds of the median of {args.repeats} forwards (best round in brackets)")
+    print(
+        f"\nGPT-2 6 x 256, 8 heads, 256 -> 1024 positions, GPT2Model forward, batch 1 x {args.length}, CPU, {args.threads} thread(s); "
+        f"median over {args.rounds} rounds of the median of {args.repeats} forwards (best round in brackets)"
+    )
     print("| variant | before ms | after ms | after / before |")
     print("|---|---|---|---|")
     for variant in args.variants:
         before, after = runs["before", variant], runs["after", variant]
         b, a = statistics.median(before), statistics.median(after)
-        print(f"| {variant} | {b * 1e3:.1f} ({min(before) * 1e3:.1f}) | {a * 1e3:.1f} ({min(after) * 1e3:.1f}) | {a / b:.3f} ({min(after) / min(before):.3f}) |")
+        print(
+            f"| {variant} | {b * 1e3:.1f} ({min(before) * 1e3:.1f}) | {a * 1e3:.1f} ({min(after) * 1e3:.1f}) | {a / b:.3f} ({min(after) / min(before):.3f}) |"
+        )
 
 
 if __name__ == "__main__":

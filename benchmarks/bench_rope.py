@@ -26,7 +26,9 @@ def build(kind: str, length: int, device: str):
 
     import posswap
 
-    config = transformers.GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=max(length, 1024), attn_pdrop=0, resid_pdrop=0, embd_pdrop=0)
+    config = transformers.GPT2Config(
+        n_layer=12, n_embd=768, n_head=12, n_positions=max(length, 1024), attn_pdrop=0, resid_pdrop=0, embd_pdrop=0
+    )
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config).to(device)
     if kind == "rope":
@@ -57,7 +59,11 @@ def measure(kind: str, length: int, mode: str, repeats: int, device: str) -> dic
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    peak = torch.cuda.max_memory_allocated() if device == "cuda" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = (
+        torch.cuda.max_memory_allocated()
+        if device == "cuda"
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    )
     return {"seconds": min(times), "peak_bytes": peak}
 
 
@@ -84,7 +90,9 @@ def main() -> None:
     parser.add_argument("--lengths", default="256,512,1024")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--interleaved", action="store_true", help="Time only: both models in one process, alternating.")
+    parser.add_argument(
+        "--interleaved", action="store_true", help="Time only: both models in one process, alternating."
+    )
     parser.add_argument("--child", nargs=3, metavar=("KIND", "LENGTH", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -96,13 +104,28 @@ def main() -> None:
         interleaved(list(map(int, args.lengths.split(","))), args.repeats, args.device)
         return
     print(f"GPT-2-small config (12 x 768, 12 heads), batch 1, device {args.device}, best of {args.repeats}")
-    print(f"{'length':>7} {'pass':>8} {'stock s':>9} {'rope s':>9} {'time ratio':>11} {'stock MiB':>10} {'rope MiB':>9} {'mem ratio':>10}")
+    print(
+        f"{'length':>7} {'pass':>8} {'stock s':>9} {'rope s':>9} {'time ratio':>11} {'stock MiB':>10} {'rope MiB':>9} {'mem ratio':>10}"
+    )
     for length in map(int, args.lengths.split(",")):
         for mode in ("fwd", "fwd+bwd"):
             result = {}
             for kind in ("stock", "rope"):
-                command = [sys.executable, __file__, "--child", kind, str(length), mode, "--repeats", str(args.repeats), "--device", args.device]
-                result[kind] = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+                command = [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    kind,
+                    str(length),
+                    mode,
+                    "--repeats",
+                    str(args.repeats),
+                    "--device",
+                    args.device,
+                ]
+                result[kind] = json.loads(
+                    subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+                )
             s, r = result["stock"], result["rope"]
             print(
                 f"{length:>7} {mode:>8} {s['seconds']:>9.3f} {r['seconds']:>9.3f} {r['seconds'] / s['seconds']:>10.3f}x "

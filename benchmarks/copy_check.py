@@ -22,8 +22,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", help="a causal LM folder or Hub id")
     parser.add_argument("--spans", type=int, default=20, help="trials per distance")
-    parser.add_argument("--distances", default=[0, 16, 64], type=lambda text: [int(d) for d in text.split(",")],
-                        help="filler lengths in tokens, comma-separated (default 0,16,64)")
+    parser.add_argument(
+        "--distances",
+        default=[0, 16, 64],
+        type=lambda text: [int(d) for d in text.split(",")],
+        help="filler lengths in tokens, comma-separated (default 0,16,64)",
+    )
     args = parser.parse_args()
     model = AutoModelForCausalLM.from_pretrained(args.model).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -33,10 +37,14 @@ def main() -> None:
     print("stream | span | d | first occurrence | second | drop (nats) ± se")
     for name, stream, spans in (("text", text, (32, 64, 128)), ("random tokens", random, (32,))):
         for span in spans:
-            found = repeat_probe(model, tokenizer, stream, span=span, distances=distances, spans_per_distance=args.spans, progress=False)
+            found = repeat_probe(
+                model, tokenizer, stream, span=span, distances=distances, spans_per_distance=args.spans, progress=False
+            )
             for i, d in enumerate(distances):
-                print(f"{name} | {span} | {d} | {found['reference'][i]:.2f} | {found['repeat'][i]:.2f} | "
-                      f"{found['drop'][i]:.3f} ± {found['drop_se'][i]:.3f}")
+                print(
+                    f"{name} | {span} | {d} | {found['reference'][i]:.2f} | {found['repeat'][i]:.2f} | "
+                    f"{found['drop'][i]:.3f} ± {found['drop_se'][i]:.3f}"
+                )
 
 
 if __name__ == "__main__":

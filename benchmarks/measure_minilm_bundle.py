@@ -1,16 +1,26 @@
 """Max |diff| between a RoPE / ALiBi MiniLM at 2048 and the same folder loaded with trust_remote_code where posswap cannot be imported."""
-import os, subprocess, sys, tempfile
+
+import os
+import subprocess
+import sys
+import tempfile
+
 os.environ["HF_HUB_OFFLINE"] = "1"
-import torch, posswap
-from posswap.loading import minilm_path
+import torch
 from transformers import AutoModel
-root = tempfile.mkdtemp(); os.environ["HF_MODULES_CACHE"] = root + "/mods"
+
+import posswap
+from posswap.loading import minilm_path
+
+root = tempfile.mkdtemp()
+os.environ["HF_MODULES_CACHE"] = root + "/mods"
 ids = torch.randint(1000, 20000, (1, 2048), generator=torch.Generator().manual_seed(0))
 for method in ("rope", "alibi"):
     m = AutoModel.from_pretrained(minilm_path()).eval()
     posswap.patch(m, {"method": method, "max_length": 2048})
     m.save_pretrained(f"{root}/{method}")
-    with torch.no_grad(): ref = m(ids).last_hidden_state
+    with torch.no_grad():
+        ref = m(ids).last_hidden_state
     torch.save(ids, f"{root}/ids.pt")
     code = f'''
 import importlib.abc, sys, torch

@@ -15,7 +15,6 @@ from .portable.posswap_architectures import (  # noqa: F401
 )
 
 
-
 def first_layer_qk(sites: Sites) -> tuple[torch.Tensor, torch.Tensor]:
     """W_Q and W_K of the first self-attention as (in, hidden) matrices, detached (GPT-2's fused c_attn is a
     Conv1D stored (in, out); BERT's query / key are Linear (out, in))."""

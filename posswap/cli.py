@@ -38,7 +38,9 @@ def _scalar(text: str) -> Any:
     try:
         return load_yaml(text)
     except yaml.YAMLError as error:  # argparse reports ArgumentTypeError as one usage line
-        raise argparse.ArgumentTypeError(f"not valid YAML: {getattr(error, 'problem', None) or type(error).__name__}") from None
+        raise argparse.ArgumentTypeError(
+            f"not valid YAML: {getattr(error, 'problem', None) or type(error).__name__}"
+        ) from None
 
 
 def _chosen_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -61,8 +63,10 @@ def _cmd_patch(args: argparse.Namespace) -> None:
     done = patch_folder(source, config, args.out, args.overwrite)  # None: not a sentence-transformers model
     if done is not None:
         model, before, after = done
-        print(f"Patched {args.model} ({type(model).__name__}) with {config.method}: max_position_embeddings {before} -> "
-              f"{after}, max_seq_length {model.max_seq_length}. Saved to {args.out}")
+        print(
+            f"Patched {args.model} ({type(model).__name__}) with {config.method}: max_position_embeddings {before} -> "
+            f"{after}, max_seq_length {model.max_seq_length}. Saved to {args.out}"
+        )
         return
     model, tokenizer = load_model_and_tokenizer(source)
     before = model.config.max_position_embeddings
@@ -142,7 +146,9 @@ def _int_list(text: str) -> list[int]:
     try:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise ValueError(f"--lengths must be comma-separated token counts such as 256,512,1024; got {text!r}.") from None
+        raise ValueError(
+            f"--lengths must be comma-separated token counts such as 256,512,1024; got {text!r}."
+        ) from None
 
 
 def _float_list(text: str, flag: str, example: str) -> list[float]:
@@ -165,19 +171,29 @@ def _cmd_train(args: argparse.Namespace) -> None:
 def _cmd_study(args: argparse.Namespace) -> None:
     import shlex
 
+    from .evaluation.stream import resolve_device
     from .study import Study, select
     from .study.copying import COPYING_PRESETS
-
-    from .evaluation.stream import resolve_device
 
     if args.preset in COPYING_PRESETS:
         return _cmd_copying_study(args)
     variants = args.variants.split(",") if args.variants else None
-    specs = select(args.preset, args.base, variants, args.steps, args.lr, not args.no_baseline, args.budget or "quick", args.repeat_fraction)  # checked first
+    specs = select(
+        args.preset,
+        args.base,
+        variants,
+        args.steps,
+        args.lr,
+        not args.no_baseline,
+        args.budget or "quick",
+        args.repeat_fraction,
+    )  # checked first
     device = str(resolve_device(args.device)) if args.device is not None else None
     work = Path(args.work or f"out/study-{args.preset}")
     out = Path(args.out or ("results" if args.preset == "full" else work / "results"))
-    command = "posswap " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["study"] else "posswap study"
+    command = (
+        "posswap " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["study"] else "posswap study"
+    )
     print(Study(specs, work, out, args.reference, device).run(command, report_only=args.report_only))
 
 
@@ -188,31 +204,46 @@ def _cmd_copying_study(args: argparse.Namespace) -> None:
     from .study.copying import COPYING_PRESETS, narrowed, run_copying
     from .study.copying_report import write_report
 
-    for flag, value in (("--base", args.base), ("--reference", args.reference), ("--repeat-fraction", args.repeat_fraction),
-                        ("--device", args.device), ("--budget", args.budget)):
+    for flag, value in (
+        ("--base", args.base),
+        ("--reference", args.reference),
+        ("--repeat-fraction", args.repeat_fraction),
+        ("--device", args.device),
+        ("--budget", args.budget),
+    ):
         if value is not None:
-            raise ValueError(f"{flag} belongs to the text study (--preset full or minilm-mini); --preset {args.preset} runs on the copier, on the CPU.")
+            raise ValueError(
+                f"{flag} belongs to the text study (--preset full or minilm-mini); --preset {args.preset} runs on the copier, on the CPU."
+            )
     check_number("--jobs", args.jobs, minimum=1, integer=True)
     variants = args.variants.split(",") if args.variants else None
-    spec = narrowed(COPYING_PRESETS[args.preset], variants, args.steps, args.lr, not args.no_baseline, args.seeds)  # checked first
+    spec = narrowed(
+        COPYING_PRESETS[args.preset], variants, args.steps, args.lr, not args.no_baseline, args.seeds
+    )  # checked first
     work = Path(args.work or f"out/study-{args.preset}")
     out = Path(args.out or (f"results/{args.preset}" if args.preset != "mini" else work / "results"))
     if args.report_only:
         found = out / "copying.json"
         if not found.is_file():
-            raise ValueError(f"No finished copying study in {out} (copying.json missing): run it without --report-only first.")
+            raise ValueError(
+                f"No finished copying study in {out} (copying.json missing): run it without --report-only first."
+            )
         print(write_report(json.loads(found.read_text()), out))
         return
     started = time.perf_counter()
     results = run_copying(spec, work, out, jobs=args.jobs, rebuild_copier=args.build_copier)
     print(write_report(results, out))
-    print(f"Wall time {(time.perf_counter() - started) / 60:.1f} min; table in {out}/summary.md, picture {out}/probe.png.")
+    print(
+        f"Wall time {(time.perf_counter() - started) / 60:.1f} min; table in {out}/summary.md, picture {out}/probe.png."
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     from . import methods  # noqa: F401  (fills METHODS)
 
-    parser = argparse.ArgumentParser(prog="posswap", description="Swap the position handling of pretrained transformers.")
+    parser = argparse.ArgumentParser(
+        prog="posswap", description="Swap the position handling of pretrained transformers."
+    )
     parser.add_argument("--debug", action="store_true", help="Show the full traceback of an error.")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -220,59 +251,158 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="Hub id or local folder of a BERT-family or GPT-2 checkpoint.")
     p.add_argument("--method", required=True, choices=sorted(METHODS), help="Position method to apply.")
     p.add_argument("--out", required=True, help="New folder to write the patched model and tokenizer to.")
-    p.add_argument("--overwrite", action="store_true", help="Replace --out if it is a model folder (holds config.json) written earlier.")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="Replace --out if it is a model folder (holds config.json) written earlier.",
+    )
     _method_options(p)
     p.set_defaults(run=_cmd_patch)
 
-    d = commands.add_parser("demo", help="Patch the embedded real MiniLM (512 positions) and show it reads longer inputs.")
+    d = commands.add_parser(
+        "demo", help="Patch the embedded real MiniLM (512 positions) and show it reads longer inputs."
+    )
     d.add_argument("--max-length", type=int, default=2048, help="New length (default 2048).")
     d.set_defaults(run=_cmd_demo)
 
     e = commands.add_parser("eval", help="Score models at each context length; write results.json and PNG plots.")
     e.add_argument("models", nargs="+", metavar="MODEL", help="Hub ids or local folders (patched or stock).")
     e.add_argument("--lengths", default="256,512,1024", help="Comma-separated context lengths (default 256,512,1024).")
-    e.add_argument("--data", default="posswap:austen-heldout", help="posswap:<split>, a .txt/.jsonl/.parquet file or a datasets name.")
+    e.add_argument(
+        "--data",
+        default="posswap:austen-heldout",
+        help="posswap:<split>, a .txt/.jsonl/.parquet file or a datasets name.",
+    )
     e.add_argument("--out", default="report", help="Folder for results.json and the plots (default report/).")
     e.add_argument("--tokenizer", default=None, help="Tokenizer (default: the first MODEL's).")
-    e.add_argument("--stride", type=int, default=None, help="Sliding-window perplexity with this stride (default: non-overlapping windows).")
-    e.add_argument("--beyond", choices=("truncate", "sliding"), default="truncate", help="How a model reads lengths past its own limit.")
+    e.add_argument(
+        "--stride",
+        type=int,
+        default=None,
+        help="Sliding-window perplexity with this stride (default: non-overlapping windows).",
+    )
+    e.add_argument(
+        "--beyond",
+        choices=("truncate", "sliding"),
+        default="truncate",
+        help="How a model reads lengths past its own limit.",
+    )
     e.add_argument("--max-tokens", type=int, default=8192, help="Tokens scored per model and length (default 8192).")
-    e.add_argument("--passkey-trials", type=int, default=3, help="Passkey keys per length and depth, causal LMs only (0: skip).")
+    e.add_argument(
+        "--passkey-trials", type=int, default=3, help="Passkey keys per length and depth, causal LMs only (0: skip)."
+    )
     e.add_argument("--passkey-depths", default="0,0.25,0.5,0.75,1", help="Comma-separated depths of the key (0 to 1).")
     e.add_argument("--seed", type=int, default=0, help="Seed of the masks and keys (the same for every model).")
-    e.add_argument("--device", default=None, help="Where the models run: cpu, cuda, cuda:N (default: cuda if available, else cpu).")
+    e.add_argument(
+        "--device", default=None, help="Where the models run: cpu, cuda, cuda:N (default: cuda if available, else cpu)."
+    )
     e.set_defaults(run=_cmd_eval)
 
     t = commands.add_parser("train", help="Continued pretraining at the new length from a YAML recipe (see recipes/).")
     t.add_argument("recipe", help="Recipe YAML file.")
-    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Override a recipe value, e.g. train.max_steps=200 (repeatable).")
+    t.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Override a recipe value, e.g. train.max_steps=200 (repeatable).",
+    )
     t.add_argument("--resume", action="store_true", help="Continue from the latest checkpoint in train.output_dir.")
-    t.add_argument("--overwrite", action="store_true", help="Replace the model folder an earlier run left in train.output_dir/model.")
-    t.add_argument("--force", action="store_true", help="With --resume: continue even if the recipe differs from the one the checkpoints were made with.")
+    t.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="Replace the model folder an earlier run left in train.output_dir/model.",
+    )
+    t.add_argument(
+        "--force",
+        action="store_true",
+        help="With --resume: continue even if the recipe differs from the one the checkpoints were made with.",
+    )
     t.set_defaults(run=_cmd_train)
 
-    s = commands.add_parser("study", help="The extension study: each method on each base, untrained and after an equal budget.")
-    s.add_argument("--preset", choices=("mini", "copying", "copying-rope", "full", "minilm-mini"), default="full", help=(
-        "mini: the copier (a small GPT-2 that copies inside its 256 positions) trained from its recipe, then patched with the "
-        "best method and with RoPE, each trained briefly at 4x and probed "
-        "(<= 6 min on 2 CPU cores); copying: every method on the copier, three seeds (results/copying/); copying-rope: "
-        "RoPE recipes on the copier, 300 steps (results/copying-rope/); full: the text "
-        "study on both bases (results/); minilm-mini: the repeat probe on MiniLM before and after a short ALiBi training."))
-    s.add_argument("--seeds", type=int, default=None, help="Copying presets: number of seeds (training order and probe draws; default: the preset's).")
-    s.add_argument("--build-copier", action="store_true", help="Copying presets: train the copier from its recipe again (about 4 min on 2 cores), even if the work folder or posswap (for copying and copying-rope) has one.")
-    s.add_argument("--jobs", type=int, default=2, help="Copying presets: runs at once, one CPU thread each (default 2).")
-    s.add_argument("--budget", choices=("quick", "long"), default=None, help="Phase of the full study: quick (every variant, a small budget) or long (the quick phase's best four and the original, longer; run quick first).")
-    s.add_argument("--device", default=None, help="Where training and scoring run: cpu, cuda, cuda:N (default: cuda if available, else cpu).")
-    s.add_argument("--base", action="append", choices=("gpt2", "minilm"), help="Only this base (repeatable; default: the preset's).")
-    s.add_argument("--variants", default=None, help="Comma-separated subset of copy,linear,cubic,rope,rope-yarn,alibi,sinusoidal,nope,t5-bias,t5-bias-fit,tupe (default: all; the long phase: the quick phase's best four).")
+    s = commands.add_parser(
+        "study", help="The extension study: each method on each base, untrained and after an equal budget."
+    )
+    s.add_argument(
+        "--preset",
+        choices=("mini", "copying", "copying-rope", "full", "minilm-mini"),
+        default="full",
+        help=(
+            "mini: the copier (a small GPT-2 that copies inside its 256 positions) trained from its recipe, then patched with the "
+            "best method and with RoPE, each trained briefly at 4x and probed "
+            "(<= 6 min on 2 CPU cores); copying: every method on the copier, three seeds (results/copying/); copying-rope: "
+            "RoPE recipes on the copier, 300 steps (results/copying-rope/); full: the text "
+            "study on both bases (results/); minilm-mini: the repeat probe on MiniLM before and after a short ALiBi training."
+        ),
+    )
+    s.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        help="Copying presets: number of seeds (training order and probe draws; default: the preset's).",
+    )
+    s.add_argument(
+        "--build-copier",
+        action="store_true",
+        help="Copying presets: train the copier from its recipe again (about 4 min on 2 cores), even if the work folder or posswap (for copying and copying-rope) has one.",
+    )
+    s.add_argument(
+        "--jobs", type=int, default=2, help="Copying presets: runs at once, one CPU thread each (default 2)."
+    )
+    s.add_argument(
+        "--budget",
+        choices=("quick", "long"),
+        default=None,
+        help="Phase of the full study: quick (every variant, a small budget) or long (the quick phase's best four and the original, longer; run quick first).",
+    )
+    s.add_argument(
+        "--device",
+        default=None,
+        help="Where training and scoring run: cpu, cuda, cuda:N (default: cuda if available, else cpu).",
+    )
+    s.add_argument(
+        "--base",
+        action="append",
+        choices=("gpt2", "minilm"),
+        help="Only this base (repeatable; default: the preset's).",
+    )
+    s.add_argument(
+        "--variants",
+        default=None,
+        help="Comma-separated subset of copy,linear,cubic,rope,rope-yarn,alibi,sinusoidal,nope,t5-bias,t5-bias-fit,tupe (default: all; the long phase: the quick phase's best four).",
+    )
     s.add_argument("--steps", type=int, default=None, help="Training steps per variant (default: the preset's budget).")
-    s.add_argument("--lr", type=float, default=None, help="Peak learning rate of the variants and the baseline (default: the preset's).")
-    s.add_argument("--repeat-fraction", type=float, default=None, help="Share of the variants' and the baseline's training windows that carry a 64-token span copied further on (data.repeat_fraction; default 0): for a base that copies, so the repeat probe can show it.")
-    s.add_argument("--no-baseline", action="store_true", help="Skip training the original the same steps at its own length.")
-    s.add_argument("--reference", default=None, help="Folder of the reference GPT-2, an unpatched GPT-2 with 256 positions (default: out/reference-gpt2/model, pretrained if missing).")
-    s.add_argument("--work", default=None, help="Folder for the trained runs (default out/study-PRESET); finished runs are reused.")
-    s.add_argument("--out", default=None, help="Folder for the results (default results/ for full, WORK/results for mini).")
-    s.add_argument("--report-only", action="store_true", help="Rebuild summary.md and the plots from the saved results; train and score nothing.")
+    s.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="Peak learning rate of the variants and the baseline (default: the preset's).",
+    )
+    s.add_argument(
+        "--repeat-fraction",
+        type=float,
+        default=None,
+        help="Share of the variants' and the baseline's training windows that carry a 64-token span copied further on (data.repeat_fraction; default 0): for a base that copies, so the repeat probe can show it.",
+    )
+    s.add_argument(
+        "--no-baseline", action="store_true", help="Skip training the original the same steps at its own length."
+    )
+    s.add_argument(
+        "--reference",
+        default=None,
+        help="Folder of the reference GPT-2, an unpatched GPT-2 with 256 positions (default: out/reference-gpt2/model, pretrained if missing).",
+    )
+    s.add_argument(
+        "--work", default=None, help="Folder for the trained runs (default out/study-PRESET); finished runs are reused."
+    )
+    s.add_argument(
+        "--out", default=None, help="Folder for the results (default results/ for full, WORK/results for mini)."
+    )
+    s.add_argument(
+        "--report-only",
+        action="store_true",
+        help="Rebuild summary.md and the plots from the saved results; train and score nothing.",
+    )
     s.set_defaults(run=_cmd_study)
 
     h = commands.add_parser("push", help="Upload a saved patched model to the Hub with a posswap model card.")
@@ -280,17 +410,23 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("repo_id", metavar="REPO_ID", help="Hub repo, e.g. me/gpt2-rope-4k (created if missing).")
     h.add_argument("--private", action="store_true", help="Create the repo as private.")
     h.add_argument("--results", default=None, help="results.json from posswap eval: its table goes into the card.")
-    h.add_argument("--plots", nargs="*", default=(), metavar="PNG", help="Images to upload under plots/ and show in the card.")
+    h.add_argument(
+        "--plots", nargs="*", default=(), metavar="PNG", help="Images to upload under plots/ and show in the card."
+    )
     h.set_defaults(run=_cmd_push)
 
-    x = commands.add_parser("export", help="Write a RoPE model as a native transformers model where one is exact (GPT-NeoX, RoFormer).")
+    x = commands.add_parser(
+        "export", help="Write a RoPE model as a native transformers model where one is exact (GPT-NeoX, RoFormer)."
+    )
     x.add_argument("folder", metavar="FOLDER", help="Folder (or Hub id) of a posswap-patched model.")
     x.add_argument("--out", required=True, help="New (or empty) folder for the native model and the tokenizer.")
     x.add_argument("--push", default=None, metavar="REPO_ID", help="Also upload the export to this Hub repo.")
     x.add_argument("--private", action="store_true", help="With --push: create the repo as private.")
     x.set_defaults(run=_cmd_export)
     for sub in commands.choices.values():  # --debug also after the command; SUPPRESS keeps one given before it
-        sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="Show the full traceback of an error.")
+        sub.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help="Show the full traceback of an error."
+        )
     return parser
 
 
@@ -317,12 +453,18 @@ def _report(command: str, error: Exception) -> int:
     if len(message) > MAX_MESSAGE:  # one line, whatever value a message quotes
         message = message[: MAX_MESSAGE - 100] + " ... " + message[-95:]  # the advice is often at the end
     if _disk_full(error):  # safetensors and torch report it as their own errors
-        print(f"posswap {command}: error: the disk is full (No space left on device); free some space and run again. ({message})", file=sys.stderr)
+        print(
+            f"posswap {command}: error: the disk is full (No space left on device); free some space and run again. ({message})",
+            file=sys.stderr,
+        )
         return 2
     if isinstance(error, _USER_ERRORS) or _out_of_memory(error):
         print(f"posswap {command}: error: {message}", file=sys.stderr)
         return 2
-    print(f"posswap {command}: unexpected {type(error).__name__}: {message} (run with --debug for the traceback)", file=sys.stderr)
+    print(
+        f"posswap {command}: unexpected {type(error).__name__}: {message} (run with --debug for the traceback)",
+        file=sys.stderr,
+    )
     return 1
 
 

@@ -105,8 +105,7 @@ def config_from_dict(data: dict[str, Any]) -> PositionConfig:
     unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError(
-            f"Unknown key(s) {', '.join(unknown)} for method {spec.name!r}; "
-            f"its keys are: {', '.join(sorted(known))}."
+            f"Unknown key(s) {', '.join(unknown)} for method {spec.name!r}; its keys are: {', '.join(sorted(known))}."
         )
     if "max_length" not in data:
         raise ValueError(f"Method {spec.name!r} needs 'max_length' (the new context length in tokens).")
@@ -146,7 +145,8 @@ class YamlLoader(yaml.SafeLoader):
                 self._aliased += self._size(node)
                 if self._aliased > MAX_ALIASED_VALUES:
                     raise yaml.composer.ComposerError(
-                        None, None,
+                        None,
+                        None,
                         f"aliases (*name) stand for more than {MAX_ALIASED_VALUES} values (an alias bomb?); write the values out",
                         event.start_mark,
                     )

@@ -34,7 +34,9 @@ def run_demo(max_length: int = 2048) -> None:
     stock = AutoModel.from_pretrained(path).eval()
     original = stock.config.max_position_embeddings
     text = read_document("persuasion")
-    ids = tokenizer(text[: max_length * 8], add_special_tokens=False, return_tensors="pt", verbose=False).input_ids[:, :max_length]
+    ids = tokenizer(text[: max_length * 8], add_special_tokens=False, return_tensors="pt", verbose=False).input_ids[
+        :, :max_length
+    ]
     if ids.shape[1] < max_length:
         raise ValueError(f"The demo text has only {ids.shape[1]} tokens; choose --max-length <= {ids.shape[1]}.")
     short = ids[:, :original]
@@ -47,7 +49,9 @@ def run_demo(max_length: int = 2048) -> None:
     stock_time = _seconds(stock, short)
 
     print(f"all-MiniLM-L6-v2: {original} positions. Reads {max_length} tokens unpatched? {stock_reads}")
-    print(f"{'mode':<8}{'reads ' + str(max_length):>12}{'max |diff| @' + str(original):>18}{'time @' + str(original) + ' vs stock':>22}{'time @' + str(max_length):>14}")
+    print(
+        f"{'mode':<8}{'reads ' + str(max_length):>12}{'max |diff| @' + str(original):>18}{'time @' + str(original) + ' vs stock':>22}{'time @' + str(max_length):>14}"
+    )
     for mode in RESAMPLE_MODES:
         model = AutoModel.from_pretrained(path).eval()
         patch(model, InterpolateConfig(max_length=max_length, mode=mode), tokenizer=tokenizer)

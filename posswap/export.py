@@ -25,11 +25,11 @@ import torch
 import transformers
 from torch import nn
 
-from .methods.rope import RopeConfig
-from .portable.posswap_rotary import resolve_rotary_dim
 from .files import check_folder_target, write_folder
 from .hub import check_hub_target, upload_folder
+from .methods.rope import RopeConfig
 from .patching import CONFIG_KEY, patched_config
+from .portable.posswap_rotary import resolve_rotary_dim
 
 TOLERANCE = 1e-4  # max |logit difference| an export may have
 REMOTE = "load the posswap folder with trust_remote_code=True or posswap.from_pretrained instead"
@@ -104,14 +104,18 @@ def _refuse(model: nn.Module, reason: str) -> ValueError:
 def _rope_settings(model: nn.Module) -> RopeConfig:
     position = patched_config(model)
     if position is None:
-        raise ValueError(f"{type(model).__name__} is not patched by posswap: it already is a native transformers model.")
+        raise ValueError(
+            f"{type(model).__name__} is not patched by posswap: it already is a native transformers model."
+        )
     if position.method == "interpolate":
         raise ValueError(
             "interpolate only resizes the learned table, so the folder save_pretrained writes is already native "
             "(AutoModel loads it without trust_remote_code): there is nothing to export."
         )
     if position.method != "rope":
-        raise _refuse(model, f"no transformers architecture computes {position.method!r} positions for {model.config.model_type}")
+        raise _refuse(
+            model, f"no transformers architecture computes {position.method!r} positions for {model.config.model_type}"
+        )
     if position.absolute == "keep":
         raise _refuse(model, "absolute='keep' adds the learned table to RoPE, which no native rotary architecture has")
     if position.scaling == "dynamic":
@@ -146,21 +150,41 @@ def gpt_neox_target(model: nn.Module, rope: RopeConfig, original: int) -> Target
     fraction = rotary_dim / head_dim
     if int(head_dim * fraction) != rotary_dim:  # how GPT-NeoX turns the fraction back into dims
         raise _refuse(model, f"rotary_dim {rotary_dim} of {head_dim} is not a fraction GPT-NeoX reads back exactly")
-    parameters = {"rope_type": rope.scaling or "default", "rope_theta": float(rope.theta), "partial_rotary_factor": fraction}
+    parameters = {
+        "rope_type": rope.scaling or "default",
+        "rope_theta": float(rope.theta),
+        "partial_rotary_factor": fraction,
+    }
     if rope.scaling:  # the factor posswap resolved: the explicit one, else new length / original length
         parameters["factor"] = float(max(rope.factor or rope.max_length / original, 1.0))
     if rope.scaling == "yarn":
         parameters["original_max_position_embeddings"] = original
     config = transformers.GPTNeoXConfig(
-        vocab_size=c.vocab_size, hidden_size=c.n_embd, num_hidden_layers=c.n_layer, num_attention_heads=c.n_head,
-        intermediate_size=c.n_inner or 4 * c.n_embd, hidden_act=c.activation_function, layer_norm_eps=c.layer_norm_epsilon,
-        hidden_dropout=c.resid_pdrop, attention_dropout=c.attn_pdrop, initializer_range=c.initializer_range,
-        max_position_embeddings=rope.max_length, bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id,
-        pad_token_id=c.pad_token_id, tie_word_embeddings=c.tie_word_embeddings,
-        use_parallel_residual=False, attention_bias=True, rope_parameters=dict(parameters),
+        vocab_size=c.vocab_size,
+        hidden_size=c.n_embd,
+        num_hidden_layers=c.n_layer,
+        num_attention_heads=c.n_head,
+        intermediate_size=c.n_inner or 4 * c.n_embd,
+        hidden_act=c.activation_function,
+        layer_norm_eps=c.layer_norm_epsilon,
+        hidden_dropout=c.resid_pdrop,
+        attention_dropout=c.attn_pdrop,
+        initializer_range=c.initializer_range,
+        max_position_embeddings=rope.max_length,
+        bos_token_id=c.bos_token_id,
+        eos_token_id=c.eos_token_id,
+        pad_token_id=c.pad_token_id,
+        tie_word_embeddings=c.tie_word_embeddings,
+        use_parallel_residual=False,
+        attention_bias=True,
+        rope_parameters=dict(parameters),
     )
     # llama.cpp's converter reads rotary_pct; older transformers read rotary_emb_base and rope_scaling.
-    legacy = {"rotary_pct": fraction, "rotary_emb_base": float(rope.theta), "rope_scaling": parameters if rope.scaling else None}
+    legacy = {
+        "rotary_pct": fraction,
+        "rotary_emb_base": float(rope.theta),
+        "rope_scaling": parameters if rope.scaling else None,
+    }
     return Target(GPT_NEOX_HEADS[name], config, gpt_neox_state(model), causal=True, extra_config=legacy)
 
 
@@ -175,7 +199,7 @@ def gpt_neox_state(model: nn.Module) -> dict[str, torch.Tensor]:
         if not key.startswith(source) or key == "lm_head.weight":
             state[key] = value  # the LM head: same name and layout
             continue
-        name = key[len(source):]
+        name = key[len(source) :]
         for pattern, replacement in GPT_NEOX_RENAMES:
             name = re.sub(pattern, replacement, name)
         if name.startswith("layers.") and value.dim() == 2:
@@ -216,10 +240,26 @@ def roformer_target(model: nn.Module, rope: RopeConfig) -> Target:
     reason = _roformer_refusal(model, rope, head)
     if reason:
         raise _refuse(model, reason)
-    keep = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
-            "hidden_dropout_prob", "attention_probs_dropout_prob", "type_vocab_size", "initializer_range",
-            "layer_norm_eps", "pad_token_id", "bos_token_id", "eos_token_id", "tie_word_embeddings",
-            "id2label", "label2id", "problem_type")
+    keep = (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "hidden_act",
+        "hidden_dropout_prob",
+        "attention_probs_dropout_prob",
+        "type_vocab_size",
+        "initializer_range",
+        "layer_norm_eps",
+        "pad_token_id",
+        "bos_token_id",
+        "eos_token_id",
+        "tie_word_embeddings",
+        "id2label",
+        "label2id",
+        "problem_type",
+    )
     config = transformers.RoFormerConfig(
         **{k: getattr(c, k) for k in keep if hasattr(c, k)},
         embedding_size=getattr(c, "embedding_size", c.hidden_size),  # ELECTRA's projection maps to RoFormer's
@@ -253,9 +293,9 @@ def roformer_state(model: nn.Module) -> dict[str, torch.Tensor]:
     for key, value in model.state_dict().items():
         if key.startswith(prefix + "pooler.") or key.endswith(("position_ids", "token_type_ids")):
             continue
-        name = ("roformer." + key[len(prefix):]) if prefix and key.startswith(prefix) else key
+        name = ("roformer." + key[len(prefix) :]) if prefix and key.startswith(prefix) else key
         for old, new in renames:
-            name = new + name[len(old):] if name.startswith(old) else name
+            name = new + name[len(old) :] if name.startswith(old) else name
         if re.search(r"attention\.self\.(query|key)\.", name):
             value = _interleaved(value, heads)
         state[name] = value.contiguous()

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .portable.posswap_files import (  # noqa: F401  (LOCK, RETIRED, STAGING, Busy, lock_path: for callers and tests)
     LOCK,
@@ -34,7 +34,9 @@ def is_model_folder(path: Path) -> bool:
     return path.is_dir() and not path.is_symlink() and (path / "config.json").is_file()
 
 
-def check_folder_target(out: str | os.PathLike, overwrite: bool = False, source: str | None = None, flag: str = "--out") -> Path:
+def check_folder_target(
+    out: str | os.PathLike, overwrite: bool = False, source: str | None = None, flag: str = "--out"
+) -> Path:
     """Raise ``ValueError`` unless ``out`` may be written: absent or an empty folder, or (with ``overwrite``)
     a model folder that does not hold ``source``, the model being read. Returns ``out`` made absolute."""
     target = absolute(out)
@@ -51,7 +53,9 @@ def check_folder_target(out: str | os.PathLike, overwrite: bool = False, source:
             "a model folder written earlier."
         )
     if not (target / "config.json").is_file():
-        raise ValueError(f"{flag} {out} is not a model folder (no config.json), so --overwrite does not replace it; choose a new folder.")
+        raise ValueError(
+            f"{flag} {out} is not a model folder (no config.json), so --overwrite does not replace it; choose a new folder."
+        )
     if source is not None and os.path.exists(source):
         real_source, real_target = Path(os.path.realpath(source)), Path(os.path.realpath(target))
         if real_source == real_target or real_target in real_source.parents:
@@ -82,7 +86,9 @@ def check_writable(out: str | os.PathLike, flag: str = "--out") -> None:
     except OSError as error:
         reason = error.strerror or type(error).__name__
         where = f" ({error.filename})" if error.filename and Path(error.filename) != target else ""
-        raise OSError(f"{flag} {out}: cannot write there: {reason}{where}; fix that or choose another folder.") from None
+        raise OSError(
+            f"{flag} {out}: cannot write there: {reason}{where}; fix that or choose another folder."
+        ) from None
 
 
 def check_output_dir(out: str | os.PathLike, flag: str = "--out") -> Path:
@@ -102,7 +108,13 @@ def _check_parents(target: Path, flag: str, out) -> None:
             return
 
 
-def write_folder(out: str | os.PathLike, write: Callable[[Path], None], overwrite: bool = False, source: str | None = None, flag: str = "--out") -> Path:
+def write_folder(
+    out: str | os.PathLike,
+    write: Callable[[Path], None],
+    overwrite: bool = False,
+    source: str | None = None,
+    flag: str = "--out",
+) -> Path:
     """Check ``out``, call ``write(staging)`` on a new folder beside it, then rename that into place; all of it
     under ``out``'s lock, so that a second writer of the same folder is refused instead of replacing the first's."""
     target = check_folder_target(out, overwrite, source, flag)  # a bad target is named before the lock is taken

@@ -14,8 +14,9 @@ import os
 import sys
 import tempfile
 import threading
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from .evaluation.results import Results
 from .sentence_models import is_sentence_transformer, loading_lines, save, transformer_module
@@ -59,8 +60,12 @@ def model_card(
     base_model = base_model or _hub_id(config.get("_name_or_path") or getattr(model_or_folder, "name_or_path", None))
     method = block["method"]
     sentence = _is_sentence_transformers(model_or_folder)
-    meta = ModelCardData(library_name="sentence-transformers" if sentence else "transformers", base_model=base_model,
-                         tags=["posswap", method] + ["sentence-transformers"] * sentence, license=license)
+    meta = ModelCardData(
+        library_name="sentence-transformers" if sentence else "transformers",
+        base_model=base_model,
+        tags=["posswap", method] + ["sentence-transformers"] * sentence,
+        license=license,
+    )
 
     name = (config.get("architectures") or ["AutoModel"])[0]
     repo = json.dumps(repo_id or "<repo id>")
@@ -85,7 +90,12 @@ def model_card(
         lines += [""]
     if results is not None:
         results = results if isinstance(results, Results) else Results.load(results)
-        lines += ["## Evaluation", "", f"Data: {results.data}; context lengths {', '.join(map(str, results.lengths))}.", ""]
+        lines += [
+            "## Evaluation",
+            "",
+            f"Data: {results.data}; context lengths {', '.join(map(str, results.lengths))}.",
+            "",
+        ]
         lines += ["```", results.table(), "```", ""]
     plots = list(plots)
     if plots:
@@ -141,12 +151,16 @@ def push_to_hub(
                 f"{readme} was not written by posswap, so the results/plots would not reach the card: "
                 f"remove it, or pass card=posswap.model_card(...)."
             )
-        extra: dict[str, Any] = {f"plots/{plot.name}": plot for plot in plots}  # uploaded beside; the folder is left as it is
+        extra: dict[str, Any] = {
+            f"plots/{plot.name}": plot for plot in plots
+        }  # uploaded beside; the folder is left as it is
         if card is not None or ours:
             if card is None:
                 card = model_card(source, plots=[f"plots/{p.name}" for p in plots], repo_id=repo_id, **card_args)
             extra["README.md"] = card.encode("utf-8")
-        again = f"run `posswap push {folder} {repo_id}` again" if isinstance(source, (str, os.PathLike)) else "push again"
+        again = (
+            f"run `posswap push {folder} {repo_id}` again" if isinstance(source, (str, os.PathLike)) else "push again"
+        )
         return upload_folder(folder, repo_id, private, token, commit_message, extra=extra, again=again)
 
 
@@ -166,7 +180,12 @@ def check_hub_target(repo_id: str, token: str | None) -> str:
 
 
 def upload_folder(
-    folder: Path, repo_id: str, private: bool, token: str, commit_message: str, extra: dict[str, Any] | None = None,
+    folder: Path,
+    repo_id: str,
+    private: bool,
+    token: str,
+    commit_message: str,
+    extra: dict[str, Any] | None = None,
     again: str = "push again",
 ) -> str:
     """Create the repo if needed and upload ``folder`` (and ``extra``: repo path -> a file's path or its bytes,
@@ -178,7 +197,8 @@ def upload_folder(
     if skipped:
         print(
             f"posswap push: skipped {len(skipped)} link(s) that point outside {folder}: {', '.join(skipped)} "
-            "(copy the files in to upload them).", file=sys.stderr,
+            "(copy the files in to upload them).",
+            file=sys.stderr,
         )
     files.update(extra or {})
     operations = [
@@ -236,7 +256,9 @@ def hub_timeout(again: str):
     except ImportError:
         import httpx
     session = get_session()
-    with _TIMEOUT_LOCK:  # pushes from several threads share the session: the first sets the timeout, the last restores it
+    with (
+        _TIMEOUT_LOCK
+    ):  # pushes from several threads share the session: the first sets the timeout, the last restores it
         if not _TIMEOUT_USERS:
             _TIMEOUT_USERS.append(session.timeout)
         _TIMEOUT_USERS.append(None)
@@ -264,22 +286,50 @@ def _loading_section(method: str, name: str, repo: str, block: dict) -> list[str
     """How to load it: with posswap; with transformers alone (the folder carries the code, or needs none);
     and, where one is exact, the native export for serving engines."""
     stock = name.removeprefix("Posswap")
-    lines = ["## How to load it", "", "With posswap:", "", "```python", "import posswap", "",
-             f"model = posswap.from_pretrained({repo})", "```", ""]
+    lines = [
+        "## How to load it",
+        "",
+        "With posswap:",
+        "",
+        "```python",
+        "import posswap",
+        "",
+        f"model = posswap.from_pretrained({repo})",
+        "```",
+        "",
+    ]
     if method == "interpolate":  # only the table's size changed: transformers alone rebuilds the same model
-        return lines + ["Only the size of the position table changed, so plain transformers loads it too:", "",
-                        "```python", f"from transformers import {stock}", "", f"model = {stock}.from_pretrained({repo})",
-                        "```", ""]
+        return lines + [
+            "Only the size of the position table changed, so plain transformers loads it too:",
+            "",
+            "```python",
+            f"from transformers import {stock}",
+            "",
+            f"model = {stock}.from_pretrained({repo})",
+            "```",
+            "",
+        ]
     lines += [
         f"Without posswap: this repo carries the code of its {method} positions (`modeling_posswap.py`), so",
-        "transformers loads it with `trust_remote_code=True` (without it, transformers refuses to load it):", "",
-        "```python", "from transformers import AutoModel", "",
-        f"model = AutoModel.from_pretrained({repo}, trust_remote_code=True)  # or AutoModelForCausalLM, ...", "```", "",
+        "transformers loads it with `trust_remote_code=True` (without it, transformers refuses to load it):",
+        "",
+        "```python",
+        "from transformers import AutoModel",
+        "",
+        f"model = AutoModel.from_pretrained({repo}, trust_remote_code=True)  # or AutoModelForCausalLM, ...",
+        "```",
+        "",
     ]
     if method == "rope" and block.get("scaling") != "dynamic" and block.get("absolute", "drop") == "drop":
-        lines += ["For serving engines (vLLM, TGI, llama.cpp), `posswap export` writes an exact native copy where one",
-                  "exists (GPT-2 -> GPT-NeoX, BERT family -> RoFormer), checked against this model before writing:", "",
-                  "```bash", f"posswap export {repo.strip(chr(34))} --out native/", "```", ""]
+        lines += [
+            "For serving engines (vLLM, TGI, llama.cpp), `posswap export` writes an exact native copy where one",
+            "exists (GPT-2 -> GPT-NeoX, BERT family -> RoFormer), checked against this model before writing:",
+            "",
+            "```bash",
+            f"posswap export {repo.strip(chr(34))} --out native/",
+            "```",
+            "",
+        ]
     return lines
 
 

@@ -55,7 +55,9 @@ def resolve_model_id(name_or_path: str | os.PathLike) -> str:
             raise ValueError(f"No embedded model {name_or_path!r}; embedded models: {', '.join(EMBEDDED_MODELS)}.")
         return EMBEDDED_MODELS[name_or_path]()
     if not os.path.exists(name_or_path) and _looks_like_path(name_or_path):
-        raise ValueError(f"No model folder {name_or_path!r}: it does not exist. Check the path, or give a Hub id such as gpt2.")
+        raise ValueError(
+            f"No model folder {name_or_path!r}: it does not exist. Check the path, or give a Hub id such as gpt2."
+        )
     return name_or_path
 
 
@@ -72,7 +74,9 @@ def _looks_like_path(name: str) -> bool:
     return "/" in name and os.path.isdir(name.split("/")[0])
 
 
-def from_pretrained(name_or_path: str, model_class: type[PreTrainedModel] | None = None, **kwargs: Any) -> PreTrainedModel:
+def from_pretrained(
+    name_or_path: str, model_class: type[PreTrainedModel] | None = None, **kwargs: Any
+) -> PreTrainedModel:
     """Load ``name_or_path`` (a folder or a Hub id) with the patch its config records.
 
     The class is the one the checkpoint was saved from (``config.architectures``, e.g. ``GPT2LMHeadModel``)
@@ -94,7 +98,9 @@ def from_pretrained(name_or_path: str, model_class: type[PreTrainedModel] | None
     return load_transformers_model(name_or_path, model_class, **kwargs)
 
 
-def load_transformers_model(name_or_path: str, model_class: type[PreTrainedModel] | None = None, **kwargs: Any) -> PreTrainedModel:
+def load_transformers_model(
+    name_or_path: str, model_class: type[PreTrainedModel] | None = None, **kwargs: Any
+) -> PreTrainedModel:
     """:func:`from_pretrained` for a transformers model only: of a sentence-transformers folder, its transformer."""
     if model_class is not None and not (isinstance(model_class, type) and hasattr(model_class, "from_pretrained")):
         raise TypeError(
@@ -111,8 +117,11 @@ def load_transformers_model(name_or_path: str, model_class: type[PreTrainedModel
     cls = _model_class(config, model_class, runtime)
     if _adds_head(config, model_class):
         # transformers reports the new head as MISSING keys and a "corrupted checkpoint": say it plainly instead.
-        print(f"posswap: {name_or_path} was saved without this head ({', '.join(config.architectures)}); "
-              f"{model_class.__name__} initialises a new one: train it before reading its scores.", file=sys.stderr)
+        print(
+            f"posswap: {name_or_path} was saved without this head ({', '.join(config.architectures)}); "
+            f"{model_class.__name__} initialises a new one: train it before reading its scores.",
+            file=sys.stderr,
+        )
         with _transformers_quiet():
             model, info = _load_weights(cls, name_or_path, config, kwargs)
     else:
@@ -162,7 +171,9 @@ def _model_class(config, model_class: type | None, runtime: bool) -> type[PreTra
         model_class = _saved_class(config)
     if runtime and issubclass(model_class, PreTrainedModel) and not issubclass(model_class, PosswapModelMixin):
         if model_class.__name__ not in MODEL_CLASSES:
-            raise ValueError(f"{model_class.__name__} is not a {config.model_type} model class; pick one for this checkpoint.")
+            raise ValueError(
+                f"{model_class.__name__} is not a {config.model_type} model class; pick one for this checkpoint."
+            )
         return MODEL_CLASSES[model_class.__name__]
     return model_class  # an Auto class finds posswap's subclass itself (registered below)
 
@@ -188,7 +199,11 @@ def _load_weights(cls: type, name_or_path: str, config, kwargs: dict):
     try:
         return cls.from_pretrained(name_or_path, config=config, output_loading_info=True, **kwargs)
     except RuntimeError as error:
-        message = None if "ignore_mismatched_sizes" not in str(error) else weights_mismatch(cls, name_or_path, {**kwargs, "config": config})
+        message = (
+            None
+            if "ignore_mismatched_sizes" not in str(error)
+            else weights_mismatch(cls, name_or_path, {**kwargs, "config": config})
+        )
         if message is None:
             raise
         raise ValueError(message) from None
@@ -251,7 +266,12 @@ def load_model_and_tokenizer(name_or_path: str, **kwargs: Any):
 
 
 def save_model_and_tokenizer(
-    model: PreTrainedModel, tokenizer: Any, out: str | os.PathLike, overwrite: bool = False, source: str | None = None, flag: str = "--out"
+    model: PreTrainedModel,
+    tokenizer: Any,
+    out: str | os.PathLike,
+    overwrite: bool = False,
+    source: str | None = None,
+    flag: str = "--out",
 ) -> Path:
     """Write the model (and tokenizer) to ``out`` atomically: staged beside it, then renamed into place.
 

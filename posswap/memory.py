@@ -21,7 +21,9 @@ def patch_bytes(model: nn.Module, config: PositionConfig) -> int:
     (``config.bytes_per_row``: a resampled table, a sinusoid)."""
     sites = find_sites(model)
     rows = config.max_length + sites.offset
-    per_row = sum(b.element_size() for b in (getattr(sites.owner, n, None) for n in POSITION_SIZED_BUFFERS) if b is not None)
+    per_row = sum(
+        b.element_size() for b in (getattr(sites.owner, n, None) for n in POSITION_SIZED_BUFFERS) if b is not None
+    )
     if getattr(config, "absolute", None) == "keep":
         per_row += resampled_table_bytes_per_row(sites)
     return rows * (per_row + config.bytes_per_row(sites))

@@ -37,7 +37,9 @@ def patch(model: nn.Module, config: PositionConfig | dict[str, Any], tokenizer: 
     if isinstance(config, dict):
         config = config_from_dict(config)
     if not isinstance(config, PositionConfig):
-        raise TypeError(f"config must be a posswap config (InterpolateConfig, ...) or a dict, got {type(config).__name__}.")
+        raise TypeError(
+            f"config must be a posswap config (InterpolateConfig, ...) or a dict, got {type(config).__name__}."
+        )
     config.validate()  # the dataclass may have been edited since it was built
     config = dataclasses.replace(config)  # methods may record resolved choices (ALiBi's backend) on it: a copy
     spec = get_method(config.method)

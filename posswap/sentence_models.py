@@ -94,8 +94,12 @@ def _read_json(name_or_path: str, filename: str, kwargs: dict) -> Any:
 
     try:
         path = cached_file(
-            name_or_path, filename, _raise_exceptions_for_missing_entries=False, _raise_exceptions_for_connection_errors=False,
-            cache_dir=kwargs.get("cache_folder") or kwargs.get("cache_dir"), **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs},
+            name_or_path,
+            filename,
+            _raise_exceptions_for_missing_entries=False,
+            _raise_exceptions_for_connection_errors=False,
+            cache_dir=kwargs.get("cache_folder") or kwargs.get("cache_dir"),
+            **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs},
         )
     except OSError:  # no such repo: the caller's own loading says so in its words
         return None
@@ -133,7 +137,10 @@ def load_sentence_transformer(name_or_path: str, **kwargs: Any) -> nn.Module | N
     cls = _model_class(st, name_or_path, kwargs)
     accepted = inspect.signature(cls.__init__).parameters
     st_kwargs = {k: v for k, v in kwargs.items() if k in accepted}
-    model_kwargs = {**(st_kwargs.pop("model_kwargs", None) or {}), **{k: v for k, v in kwargs.items() if k not in accepted}}
+    model_kwargs = {
+        **(st_kwargs.pop("model_kwargs", None) or {}),
+        **{k: v for k, v in kwargs.items() if k not in accepted},
+    }
     if model_kwargs:
         st_kwargs["model_kwargs"] = model_kwargs
     config = _read_json(name_or_path, str(Path(subfolder) / "config.json"), kwargs)
@@ -144,7 +151,9 @@ def load_sentence_transformer(name_or_path: str, **kwargs: Any) -> nn.Module | N
     hub = {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs}
     if kwargs.get("cache_folder"):
         hub["cache_dir"] = kwargs["cache_folder"]
-    patched = load_transformers_model(name_or_path, **({"subfolder": subfolder} if subfolder else {}), **hub, **model_kwargs)
+    patched = load_transformers_model(
+        name_or_path, **({"subfolder": subfolder} if subfolder else {}), **hub, **model_kwargs
+    )
     model = cls(name_or_path, **st_kwargs)
     replace_transformer(transformer_module(model), patched)
     return model
@@ -157,8 +166,10 @@ def _model_class(st, name_or_path: str, kwargs: dict) -> type:
     name = config.get("model_type", "SentenceTransformer") if isinstance(config, dict) else "SentenceTransformer"
     cls = getattr(st, str(name), None)
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        raise ValueError(f"{name_or_path}: config_sentence_transformers.json names model_type {name!r}, which this "
-                         f"sentence-transformers ({st.__version__}) does not have.")
+        raise ValueError(
+            f"{name_or_path}: config_sentence_transformers.json names model_type {name!r}, which this "
+            f"sentence-transformers ({st.__version__}) does not have."
+        )
     return cls
 
 
@@ -202,15 +213,37 @@ def patch_folder(source: str, config: Any, out: str, overwrite: bool = False) ->
 
 def loading_lines(method: str, repo: str) -> list[str]:
     """The model card's "How to load it" for a sentence-transformers model."""
-    lines = ["## How to load it", "", "With posswap (a `SentenceTransformer`, patched):", "", "```python", "import posswap", "",
-             f"model = posswap.from_pretrained({repo})", "```", ""]
+    lines = [
+        "## How to load it",
+        "",
+        "With posswap (a `SentenceTransformer`, patched):",
+        "",
+        "```python",
+        "import posswap",
+        "",
+        f"model = posswap.from_pretrained({repo})",
+        "```",
+        "",
+    ]
     if method == "interpolate":
-        return lines + ["Only the size of the position table changed, so sentence-transformers alone loads it too:", "",
-                        "```python", "from sentence_transformers import SentenceTransformer", "",
-                        f"model = SentenceTransformer({repo})", "```", ""]
+        return lines + [
+            "Only the size of the position table changed, so sentence-transformers alone loads it too:",
+            "",
+            "```python",
+            "from sentence_transformers import SentenceTransformer",
+            "",
+            f"model = SentenceTransformer({repo})",
+            "```",
+            "",
+        ]
     return lines + [
         f"Without posswap: this repo carries the code of its {method} positions (`modeling_posswap.py`), so",
-        "sentence-transformers loads it with `trust_remote_code=True` (without it, loading is refused):", "",
-        "```python", "from sentence_transformers import SentenceTransformer", "",
-        f"model = SentenceTransformer({repo}, trust_remote_code=True)", "```", "",
+        "sentence-transformers loads it with `trust_remote_code=True` (without it, loading is refused):",
+        "",
+        "```python",
+        "from sentence_transformers import SentenceTransformer",
+        "",
+        f"model = SentenceTransformer({repo}, trust_remote_code=True)",
+        "```",
+        "",
     ]

@@ -9,15 +9,21 @@ and hooks (as posswap's methods do), never modify a tensor in place.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 from torch import nn
 
 # Per-module containers that patching may change; dict copies are cheap (references only).
 _MODULE_DICTS = (
-    "_parameters", "_buffers", "_modules", "_non_persistent_buffers_set",
-    "_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs",
-    "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+    "_parameters",
+    "_buffers",
+    "_modules",
+    "_non_persistent_buffers_set",
+    "_forward_pre_hooks",
+    "_forward_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
 )
 
 

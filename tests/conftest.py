@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import textwrap
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -12,9 +11,9 @@ import huggingface_hub
 import pytest
 import torch
 import transformers
+from hub_server import HubStandIn
 
 import posswap
-from hub_server import HubStandIn
 from posswap.data import GPT2_TOKENIZER_DIR, read_document
 
 # torch 2.13's CPU inductor miscompiles flex attention once it turns a recompile dynamic (CppCompileError,
@@ -30,7 +29,9 @@ TINY_CONFIGS = {
     "electra": lambda: transformers.ElectraConfig(**TINY, embedding_size=16, max_position_embeddings=OLD_LENGTH),
     # RoBERTa-style tables carry pad_token_id + 1 extra rows before the first position.
     "roberta": lambda: transformers.RobertaConfig(**TINY, pad_token_id=1, max_position_embeddings=OLD_LENGTH + 2),
-    "xlm-roberta": lambda: transformers.XLMRobertaConfig(**TINY, pad_token_id=1, max_position_embeddings=OLD_LENGTH + 2),
+    "xlm-roberta": lambda: transformers.XLMRobertaConfig(
+        **TINY, pad_token_id=1, max_position_embeddings=OLD_LENGTH + 2
+    ),
     "gpt2": lambda: transformers.GPT2Config(
         n_layer=2, n_embd=32, n_head=4, vocab_size=99, n_positions=OLD_LENGTH, bos_token_id=98, eos_token_id=98
     ),
@@ -79,7 +80,9 @@ def outputs(model, ids: torch.Tensor) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
 
-def assert_decoding_equals_full_pass(model, ids: torch.Tensor, prefix: int, atol: float = 1e-5, rtol: float = 0.0) -> None:
+def assert_decoding_equals_full_pass(
+    model, ids: torch.Tensor, prefix: int, atol: float = 1e-5, rtol: float = 0.0
+) -> None:
     """Logits of ``prefix`` tokens, then one token at a time through the KV cache, equal one full pass."""
     with torch.no_grad():
         out = model(input_ids=ids[:, :prefix], use_cache=True)
@@ -163,21 +166,23 @@ def hub(tmp_path, monkeypatch):
         # Caches and logs the client writes (agent registry, xet logs) go to the test's folder.
         monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
         monkeypatch.setenv("HF_XET_CACHE", str(tmp_path / "hf_home" / "xet"))
-        monkeypatch.setattr(huggingface_hub.constants, "AGENT_HARNESSES_PATH", str(tmp_path / "hf_home" / "agents.json"))
+        monkeypatch.setattr(
+            huggingface_hub.constants, "AGENT_HARNESSES_PATH", str(tmp_path / "hf_home" / "agents.json")
+        )
         monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
         yield server
         assert server.unknown == []
 
 
 # The start of a subprocess script in which posswap cannot be imported: a saved folder must load without it.
-WITHOUT_POSSWAP = textwrap.dedent('''
+WITHOUT_POSSWAP = textwrap.dedent("""
     import importlib.abc, sys
     class NoPosswap(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
             if name == "posswap" or name.startswith("posswap."):
                 raise ImportError("posswap is not installed here")
     sys.meta_path.insert(0, NoPosswap())
-''')
+""")
 
 # Training text for the tiny test runs: the opening of Emma (an embedded training document), the size the README once
 # was four times over (324k characters), so editing the README never changes test data.
@@ -191,10 +196,19 @@ def bases(tmp_path_factory, minilm_path):
     (root / "text.txt").write_text(TEXT)
     gpt2_tok = transformers.AutoTokenizer.from_pretrained(GPT2_TOKENIZER_DIR)
     torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=len(gpt2_tok), n_positions=32)).save_pretrained(root / "gpt2")
+    transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=len(gpt2_tok), n_positions=32)
+    ).save_pretrained(root / "gpt2")
     gpt2_tok.save_pretrained(root / "gpt2")
     bert_tok = transformers.AutoTokenizer.from_pretrained(minilm_path)
-    config = transformers.BertConfig(vocab_size=len(bert_tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=32)
+    config = transformers.BertConfig(
+        vocab_size=len(bert_tok),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=32,
+    )
     transformers.BertForMaskedLM(config).save_pretrained(root / "bert")
     bert_tok.save_pretrained(root / "bert")
     return root

@@ -34,7 +34,7 @@ class HubStandIn(ThreadingHTTPServer):
         self.stall_commits = False
         self.release = threading.Event()
 
-    def __enter__(self) -> "HubStandIn":
+    def __enter__(self) -> HubStandIn:
         threading.Thread(target=self.serve_forever, daemon=True).start()
         return self
 
@@ -72,7 +72,12 @@ class _Handler(BaseHTTPRequestHandler):
             ("POST", REPO + rf"/commit/{REVISION}", True, self._commit),
             ("GET", REPO, True, self._repo_info),  # create_repo(exist_ok=True) asks after a 401/403
             # Asked once a day for the user agent (agent detection): an empty registry.
-            ("GET", r"/api/agent-harnesses", False, lambda m, b: self._json(200, {"standardEnvVars": [], "harnesses": {}})),
+            (
+                "GET",
+                r"/api/agent-harnesses",
+                False,
+                lambda m, b: self._json(200, {"standardEnvVars": [], "harnesses": {}}),
+            ),
             # Downloads name the branch first, then the commit the first answer gave (X-Repo-Commit).
             ("GET", rf"/(?P<repo>[^/]+/[^/]+)/resolve/{RESOLVABLE}/(?P<file>.+)", False, self._resolve),
             ("HEAD", rf"/(?P<repo>[^/]+/[^/]+)/resolve/{RESOLVABLE}/(?P<file>.+)", False, self._resolve),
@@ -91,7 +96,9 @@ class _Handler(BaseHTTPRequestHandler):
         payload = json.loads(body)
         repo_id = f"{payload.get('organization') or 'user'}/{payload['name']}"
         if repo_id in self.server.repos:
-            return self._json(409, {"error": "You already created this model repo", "url": f"{self.server.url}/{repo_id}"})
+            return self._json(
+                409, {"error": "You already created this model repo", "url": f"{self.server.url}/{repo_id}"}
+            )
         self.server.repos[repo_id] = {"private": payload.get("visibility") == "private", "commits": []}
         self._json(200, {"url": f"{self.server.url}/{repo_id}", "name": repo_id})
 

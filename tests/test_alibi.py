@@ -7,10 +7,21 @@ import math
 
 import pytest
 import torch
+from conftest import (
+    MODEL_IDS,
+    MODELS,
+    assert_decoding_equals_full_pass,
+    assert_kernels_agree,
+    assert_untouched,
+    make_model,
+    outputs,
+    reload_and_compare,
+    snapshot,
+    token_ids,
+)
 
 import posswap
 import posswap.portable.posswap_attention
-from conftest import assert_kernels_agree, assert_decoding_equals_full_pass, MODEL_IDS, MODELS, assert_untouched, make_model, outputs, reload_and_compare, snapshot, token_ids
 from posswap.architectures import find_sites
 from posswap.functional import alibi_bias, alibi_slopes
 
@@ -53,7 +64,9 @@ def test_eager_attention_weights_show_the_bias_direction(model_type, head):
     module = find_sites(model).self_attentions()[0]
     q = k = v = torch.zeros(1, 4, 5, 8)
     _, weights = posswap.portable.posswap_attention.bias_eager_attention(module, q, k, v, None, scaling=1.0)
-    expected_bias = alibi_bias(module.posswap_bias.slopes("cpu"), torch.arange(5), torch.arange(5), symmetric=model_type == "bert")
+    expected_bias = alibi_bias(
+        module.posswap_bias.slopes("cpu"), torch.arange(5), torch.arange(5), symmetric=model_type == "bert"
+    )
     if model_type == "gpt2":
         assert torch.all(weights[0].triu(1) == 0)  # causal: no weight on later keys
         expected_bias = expected_bias.masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), -math.inf)
@@ -73,7 +86,9 @@ def test_patched_model_reads_max_length_without_table(model_type, head):
         model(input_ids=token_ids(NEW_LENGTH + 1))
 
 
-@pytest.mark.parametrize("model_type,head", [("gpt2", "GPT2LMHeadModel"), ("bert", "BertForMaskedLM"), ("roberta", "RobertaForMaskedLM")])
+@pytest.mark.parametrize(
+    "model_type,head", [("gpt2", "GPT2LMHeadModel"), ("bert", "BertForMaskedLM"), ("roberta", "RobertaForMaskedLM")]
+)
 def test_shifting_position_ids_changes_nothing(model_type, head):
     model = patched(model_type, head)
     ids = token_ids(40)
@@ -137,13 +152,17 @@ def test_keep_extends_the_table_by_copying():
     old = find_sites(model).table.weight.detach().clone()
     posswap.patch(model, posswap.AlibiConfig(max_length=NEW_LENGTH, absolute="keep"))
     new = find_sites(model).table.weight
-    assert new.shape[0] == NEW_LENGTH and torch.equal(new[: old.shape[0]], old) and torch.equal(new[old.shape[0] :], old)
+    assert (
+        new.shape[0] == NEW_LENGTH and torch.equal(new[: old.shape[0]], old) and torch.equal(new[old.shape[0] :], old)
+    )
     assert torch.isfinite(outputs(model, token_ids(NEW_LENGTH))).all()
 
 
 @pytest.mark.parametrize("absolute", ["drop", "keep"])
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])
-@pytest.mark.parametrize("model_type,head", [("gpt2", "GPT2LMHeadModel"), ("bert", "BertForMaskedLM"), ("roberta", "RobertaForMaskedLM")])
+@pytest.mark.parametrize(
+    "model_type,head", [("gpt2", "GPT2LMHeadModel"), ("bert", "BertForMaskedLM"), ("roberta", "RobertaForMaskedLM")]
+)
 def test_save_and_load_give_identical_logits(model_type, head, backend, absolute, tmp_path):
     model = patched(model_type, head, backend=backend, absolute=absolute)
     loaded = reload_and_compare(model, tmp_path, NEW_LENGTH)

@@ -33,7 +33,14 @@ def models(tmp_path_factory) -> Path:
     config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=len(tokenizer), n_positions=32)
     transformers.GPT2LMHeadModel(config).save_pretrained(root / "gpt2")
     tokenizer.save_pretrained(root / "gpt2")
-    bert = transformers.BertConfig(vocab_size=99, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, max_position_embeddings=32)
+    bert = transformers.BertConfig(
+        vocab_size=99,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        max_position_embeddings=32,
+    )
     transformers.BertModel(bert).save_pretrained(root / "bert")
     return root
 
@@ -61,6 +68,7 @@ def assert_one_line_error(code: int, err: str, expected: str) -> None:
 
 
 # -- FILE_CASES: writers never replace what they did not create -------------------------------------------
+
 
 def user_folder(tmp: Path) -> Path:
     (tmp / "mine").mkdir()
@@ -96,16 +104,41 @@ PATCH = ["patch", "{gpt2}", "--method", "interpolate", "--max-length", "64", "--
 # (id, setup(tmp, models) -> {"out": ..., "model": ...}, extra flags, expected error)
 FILE_CASES = [
     ("out-user-folder", lambda t, m: {"out": user_folder(t)}, [], "already exists and is not empty"),
-    ("out-user-folder-overwrite", lambda t, m: {"out": user_folder(t)}, ["--overwrite"], "is not a model folder (no config.json)"),
+    (
+        "out-user-folder-overwrite",
+        lambda t, m: {"out": user_folder(t)},
+        ["--overwrite"],
+        "is not a model folder (no config.json)",
+    ),
     ("out-regular-file", lambda t, m: {"out": a_file(t)}, [], "exists and is not a folder"),
     ("out-regular-file-overwrite", lambda t, m: {"out": a_file(t)}, ["--overwrite"], "exists and is not a folder"),
     ("out-below-a-file", lambda t, m: {"out": a_file(t) / "sub"}, [], "is a file, not a folder"),
-    ("out-is-source", lambda t, m: dict(zip(("model", "out"), (source_inside(t, m)[0],) * 2)), ["--overwrite"], "holds the model being read"),
-    ("out-parent-of-source", lambda t, m: dict(zip(("model", "out"), source_inside(t, m))), ["--overwrite"], "holds the model being read"),
-    ("out-parent-no-config", lambda t, m: {"out": t, "model": user_folder(t) and source_inside(t, m)[0]}, ["--overwrite"], "is not a model folder"),
+    (
+        "out-is-source",
+        lambda t, m: dict(zip(("model", "out"), (source_inside(t, m)[0],) * 2)),
+        ["--overwrite"],
+        "holds the model being read",
+    ),
+    (
+        "out-parent-of-source",
+        lambda t, m: dict(zip(("model", "out"), source_inside(t, m))),
+        ["--overwrite"],
+        "holds the model being read",
+    ),
+    (
+        "out-parent-no-config",
+        lambda t, m: {"out": t, "model": user_folder(t) and source_inside(t, m)[0]},
+        ["--overwrite"],
+        "is not a model folder",
+    ),
     ("out-link-to-model", lambda t, m: {"out": link_to_model(t, m)}, ["--overwrite"], "(a file or a link)"),
     ("out-dot-user-folder", lambda t, m: {"out": ".", "cwd": user_folder(t)}, [], "already exists and is not empty"),
-    ("out-dot-user-folder-overwrite", lambda t, m: {"out": ".", "cwd": user_folder(t)}, ["--overwrite"], "is not a model folder"),
+    (
+        "out-dot-user-folder-overwrite",
+        lambda t, m: {"out": ".", "cwd": user_folder(t)},
+        ["--overwrite"],
+        "is not a model folder",
+    ),
 ]
 
 
@@ -138,11 +171,31 @@ def run_with_user_model_folder(tmp: Path, models: Path) -> Path:
 
 # Writers other than patch: train's final save (checked before training) and eval --out (before scoring).
 OTHER_WRITER_CASES = [
-    ("train-model-folder-taken", lambda t, m: ["train", run_with_user_model_folder(t, m)], "already exists and is not empty"),
-    ("train-model-folder-taken-overwrite", lambda t, m: ["train", run_with_user_model_folder(t, m), "--overwrite"], "is not a model folder"),
-    ("train-resume-model-folder-taken", lambda t, m: ["train", run_with_user_model_folder(t, m), "--resume"], "is not a model folder"),
-    ("eval-out-file", lambda t, m: ["eval", m / "gpt2", "--lengths", "8", "--out", a_file(t)], "is a file, not a folder"),
-    ("eval-out-below-file", lambda t, m: ["eval", m / "gpt2", "--lengths", "8", "--out", a_file(t) / "report"], "is a file, not a folder"),
+    (
+        "train-model-folder-taken",
+        lambda t, m: ["train", run_with_user_model_folder(t, m)],
+        "already exists and is not empty",
+    ),
+    (
+        "train-model-folder-taken-overwrite",
+        lambda t, m: ["train", run_with_user_model_folder(t, m), "--overwrite"],
+        "is not a model folder",
+    ),
+    (
+        "train-resume-model-folder-taken",
+        lambda t, m: ["train", run_with_user_model_folder(t, m), "--resume"],
+        "is not a model folder",
+    ),
+    (
+        "eval-out-file",
+        lambda t, m: ["eval", m / "gpt2", "--lengths", "8", "--out", a_file(t)],
+        "is a file, not a folder",
+    ),
+    (
+        "eval-out-below-file",
+        lambda t, m: ["eval", m / "gpt2", "--lengths", "8", "--out", a_file(t) / "report"],
+        "is a file, not a folder",
+    ),
 ]
 
 
@@ -164,6 +217,7 @@ def test_other_writers_fail_before_work(models, tmp_path, monkeypatch, capsys, a
 
 
 # -- CLI_ERROR_CASES: one line that names the field, flag or file -----------------------------------------
+
 
 def config_with_block(tmp: Path, models: Path, block) -> Path:
     import shutil
@@ -190,23 +244,92 @@ CLI_ERROR_CASES = [
     ("recipe-binary", lambda t, m: ["train", write(t, "r.yaml", b"\xff\xfe\x00binary")], "is not valid YAML"),
     ("recipe-a-list", lambda t, m: ["train", write(t, "r.yaml", "- model\n- posswap\n")], "must be a YAML mapping"),
     ("recipe-missing", lambda t, m: ["train", t / "nope.yaml"], "No recipe file"),
-    ("recipe-tokenizer-int", lambda t, m: ["train", recipe(t, m, tokenizer=123)], "tokenizer must be a non-empty string"),
-    ("recipe-mlm-probability-word", lambda t, m: ["train", recipe(t, m, train__mlm_probability="high")], "train.mlm_probability must be a number > 0 and < 1"),
+    (
+        "recipe-tokenizer-int",
+        lambda t, m: ["train", recipe(t, m, tokenizer=123)],
+        "tokenizer must be a non-empty string",
+    ),
+    (
+        "recipe-mlm-probability-word",
+        lambda t, m: ["train", recipe(t, m, train__mlm_probability="high")],
+        "train.mlm_probability must be a number > 0 and < 1",
+    ),
     ("recipe-seed-word", lambda t, m: ["train", recipe(t, m, train__seed="abc")], "train.seed must be an integer"),
-    ("recipe-set-seed-word", lambda t, m: ["train", recipe(t, m), "--set", "train.seed=abc"], "train.seed must be an integer"),
-    ("recipe-model-missing-folder", lambda t, m: ["train", recipe(t, m, model="./nope")], "model: no local folder './nope'"),
-    ("eval-passkey-depths-word", lambda t, m: ["eval", m / "gpt2", "--passkey-depths", "abc", "--out", NEW], "--passkey-depths must be comma-separated numbers"),
-    ("eval-lengths-word", lambda t, m: ["eval", m / "gpt2", "--lengths", "abc", "--out", NEW], "--lengths must be comma-separated"),
+    (
+        "recipe-set-seed-word",
+        lambda t, m: ["train", recipe(t, m), "--set", "train.seed=abc"],
+        "train.seed must be an integer",
+    ),
+    (
+        "recipe-model-missing-folder",
+        lambda t, m: ["train", recipe(t, m, model="./nope")],
+        "model: no local folder './nope'",
+    ),
+    (
+        "eval-passkey-depths-word",
+        lambda t, m: ["eval", m / "gpt2", "--passkey-depths", "abc", "--out", NEW],
+        "--passkey-depths must be comma-separated numbers",
+    ),
+    (
+        "eval-lengths-word",
+        lambda t, m: ["eval", m / "gpt2", "--lengths", "abc", "--out", NEW],
+        "--lengths must be comma-separated",
+    ),
     ("eval-missing-folder", lambda t, m: ["eval", "./nope", "--out", NEW], "No model folder './nope'"),
-    ("patch-missing-folder", lambda t, m: ["patch", "./nope", "--method", "rope", "--max-length", "64", "--out", NEW], "No model folder './nope'"),
-    ("patch-missing-nested-folder", lambda t, m: ["patch", t / "a" / "b" / "c", "--method", "rope", "--max-length", "64", "--out", NEW], "No model folder"),
-    ("patch-max-length-word", lambda t, m: ["patch", m / "gpt2", "--method", "rope", "--max-length", "abc", "--out", NEW], "max_length must be a positive integer"),
-    ("patch-posswap-block-string", lambda t, m: ["patch", config_with_block(t, m, "rope"), "--method", "rope", "--max-length", "64", "--out", NEW], "'posswap' block must be a mapping"),
-    ("patch-posswap-block-list", lambda t, m: ["patch", config_with_block(t, m, ["rope", 64]), "--method", "rope", "--max-length", "64", "--out", NEW], "got list"),
-    ("eval-posswap-block-no-original-length", lambda t, m: ["eval", config_with_block(t, m, {"method": "rope", "max_length": 64}), "--out", NEW], "without original_length"),
-    ("patch-interpolate-giant", lambda t, m: ["patch", m / "gpt2", "--method", "interpolate", "--max-length", GIANT, "--out", NEW], f"max_length {GIANT} needs about"),
-    ("patch-rope-giant-buffers", lambda t, m: ["patch", m / "bert", "--method", "rope", "--max-length", str(10**11), "--out", NEW], "choose a smaller max_length"),
-    ("train-interpolate-giant", lambda t, m: ["train", recipe(t, m, posswap={"method": "interpolate", "max_length": 10**9})], "needs about"),
+    (
+        "patch-missing-folder",
+        lambda t, m: ["patch", "./nope", "--method", "rope", "--max-length", "64", "--out", NEW],
+        "No model folder './nope'",
+    ),
+    (
+        "patch-missing-nested-folder",
+        lambda t, m: ["patch", t / "a" / "b" / "c", "--method", "rope", "--max-length", "64", "--out", NEW],
+        "No model folder",
+    ),
+    (
+        "patch-max-length-word",
+        lambda t, m: ["patch", m / "gpt2", "--method", "rope", "--max-length", "abc", "--out", NEW],
+        "max_length must be a positive integer",
+    ),
+    (
+        "patch-posswap-block-string",
+        lambda t, m: ["patch", config_with_block(t, m, "rope"), "--method", "rope", "--max-length", "64", "--out", NEW],
+        "'posswap' block must be a mapping",
+    ),
+    (
+        "patch-posswap-block-list",
+        lambda t, m: [
+            "patch",
+            config_with_block(t, m, ["rope", 64]),
+            "--method",
+            "rope",
+            "--max-length",
+            "64",
+            "--out",
+            NEW,
+        ],
+        "got list",
+    ),
+    (
+        "eval-posswap-block-no-original-length",
+        lambda t, m: ["eval", config_with_block(t, m, {"method": "rope", "max_length": 64}), "--out", NEW],
+        "without original_length",
+    ),
+    (
+        "patch-interpolate-giant",
+        lambda t, m: ["patch", m / "gpt2", "--method", "interpolate", "--max-length", GIANT, "--out", NEW],
+        f"max_length {GIANT} needs about",
+    ),
+    (
+        "patch-rope-giant-buffers",
+        lambda t, m: ["patch", m / "bert", "--method", "rope", "--max-length", str(10**11), "--out", NEW],
+        "choose a smaller max_length",
+    ),
+    (
+        "train-interpolate-giant",
+        lambda t, m: ["train", recipe(t, m, posswap={"method": "interpolate", "max_length": 10**9})],
+        "needs about",
+    ),
 ]
 
 
@@ -245,6 +368,7 @@ def test_unexpected_error_is_one_line_with_exit_1(monkeypatch, capsys):
 
 # -- the Python API ---------------------------------------------------------------------------------------
 
+
 def test_from_pretrained_model_class_not_a_class(models):
     with pytest.raises(TypeError, match="model_class must be a transformers model class"):
         posswap.from_pretrained(str(models / "gpt2"), model_class="notaclass")
@@ -265,7 +389,9 @@ def test_evaluate_out_file_fails_before_scoring(models, tmp_path, monkeypatch):
 
 
 def test_patch_interpolate_giant_leaves_model_untouched():
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=99, n_positions=32))
+    model = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=99, n_positions=32)
+    )
     state = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(ValueError, match="choose a smaller max_length"):
         posswap.patch(model, posswap.InterpolateConfig(max_length=10**9))
@@ -273,7 +399,11 @@ def test_patch_interpolate_giant_leaves_model_untouched():
 
 
 def test_patch_rope_giant_buffers_refused_by_the_api():
-    model = transformers.BertModel(transformers.BertConfig(vocab_size=99, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16))
+    model = transformers.BertModel(
+        transformers.BertConfig(
+            vocab_size=99, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16
+        )
+    )
     with pytest.raises(ValueError, match="choose a smaller max_length"):
         posswap.patch(model, posswap.RopeConfig(max_length=10**11))
 
@@ -288,8 +418,21 @@ def test_study_removes_only_model_folders(tmp_path):
 
 # -- --overwrite, staging folders, permissions ------------------------------------------------------------
 
+
 def patch_to(models: Path, out, length: int, *flags) -> int:
-    return main(["patch", str(models / "gpt2"), "--method", "interpolate", "--max-length", str(length), "--out", str(out), *flags])
+    return main(
+        [
+            "patch",
+            str(models / "gpt2"),
+            "--method",
+            "interpolate",
+            "--max-length",
+            str(length),
+            "--out",
+            str(out),
+            *flags,
+        ]
+    )
 
 
 def test_overwrite_replaces_a_model_folder(models, tmp_path, capsys):
@@ -337,13 +480,21 @@ def test_staging_of_a_killed_run_is_cleaned_by_the_next(models, tmp_path):
     out = tmp_path / "patched"
     assert patch_to(models, out, 64) == 0
     dead, live = dead_pid(), os.getpid()
-    for name in (f".patched.{STAGING}-{dead}-00aa", f".patched.{RETIRED}-{dead}-00bb", f".patched.{STAGING}-{live}-00cc"):
+    for name in (
+        f".patched.{STAGING}-{dead}-00aa",
+        f".patched.{RETIRED}-{dead}-00bb",
+        f".patched.{STAGING}-{live}-00cc",
+    ):
         (tmp_path / name).mkdir()
         (tmp_path / name / "model.safetensors").write_bytes(b"half")
     (tmp_path / ".patched.not-ours").mkdir()
     assert patch_to(models, out, 128, "--overwrite") == 0
     # The dead run's folders are gone; a live writer's and anything else are left alone.
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".patched.not-ours", f".patched.{STAGING}-{live}-00cc", "patched"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".patched.not-ours",
+        f".patched.{STAGING}-{live}-00cc",
+        "patched",
+    ]
 
 
 def test_a_model_folder_replaced_by_a_killed_run_comes_back(models, tmp_path):

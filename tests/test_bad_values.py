@@ -10,9 +10,9 @@ import math
 import pytest
 import transformers
 import yaml
+from conftest import assert_untouched, make_model, snapshot
 
 import posswap
-from conftest import assert_untouched, make_model, snapshot
 from posswap.cli import build_parser, main
 from posswap.config import load_yaml
 from posswap.training.recipe import load_recipe
@@ -75,11 +75,44 @@ VALUE_CASES = [
     ("source", ["data.train={tmp}/table.csv"], "data.train: cannot read"),
     ("source", ["data.train=posswap:austen-tran"], "data.train: no embedded split"),
     ("source", ["eval.lengths=[32]", "eval.data={tmp}/missing.jsonl"], "eval.data: no local file"),
-    ("cli", ["patch", "{tmp}/m", "--method", "rope", "--max-length", "64", "--theta", ".nan", "--out", "{tmp}/out"], "theta must be a finite number > 1"),
-    ("cli", ["patch", "{tmp}/m", "--method", "rope", "--max-length", "64", "--theta", "nan", "--out", "{tmp}/out"], "theta must be a number > 1, got 'nan'"),
-    ("cli", ["patch", "{tmp}/m", "--method", "rope", "--max-length", "64", "--scaling", "yarn", "--factor", ".inf", "--out", "{tmp}/out"], "factor must be a finite"),
-    ("cli", ["patch", "{tmp}/m", "--method", "interpolate", "--max-length", "1e6", "--out", "{tmp}/out"], "max_length must be a positive integer, got 1000000.0"),
-    ("cli", ["eval", "{tmp}/m", "--passkey-depths", "0,nan", "--out", "{tmp}/out"], "passkey depths must be a finite number >= 0 and <= 1"),
+    (
+        "cli",
+        ["patch", "{tmp}/m", "--method", "rope", "--max-length", "64", "--theta", ".nan", "--out", "{tmp}/out"],
+        "theta must be a finite number > 1",
+    ),
+    (
+        "cli",
+        ["patch", "{tmp}/m", "--method", "rope", "--max-length", "64", "--theta", "nan", "--out", "{tmp}/out"],
+        "theta must be a number > 1, got 'nan'",
+    ),
+    (
+        "cli",
+        [
+            "patch",
+            "{tmp}/m",
+            "--method",
+            "rope",
+            "--max-length",
+            "64",
+            "--scaling",
+            "yarn",
+            "--factor",
+            ".inf",
+            "--out",
+            "{tmp}/out",
+        ],
+        "factor must be a finite",
+    ),
+    (
+        "cli",
+        ["patch", "{tmp}/m", "--method", "interpolate", "--max-length", "1e6", "--out", "{tmp}/out"],
+        "max_length must be a positive integer, got 1000000.0",
+    ),
+    (
+        "cli",
+        ["eval", "{tmp}/m", "--passkey-depths", "0,nan", "--out", "{tmp}/out"],
+        "passkey depths must be a finite number >= 0 and <= 1",
+    ),
     ("cli", ["eval", "{tmp}/m", "--max-tokens", "0", "--out", "{tmp}/out"], "max_tokens must be an integer >= 1"),
     ("cli", ["study", "--preset", "mini", "--lr", "nan", "--work", "{tmp}/out"], "--lr must be a finite number > 0"),
     ("cli", ["study", "--preset", "mini", "--lr", "inf", "--work", "{tmp}/out"], "--lr must be a finite number > 0"),
@@ -89,7 +122,9 @@ VALUE_CASES = [
 
 def case_id(case) -> str:
     kind, value, _ = case
-    return f"{kind}-" + (" ".join(value) if isinstance(value, list) else ",".join(f"{k}={v}" for k, v in value.items() if k != "method"))
+    return f"{kind}-" + (
+        " ".join(value) if isinstance(value, list) else ",".join(f"{k}={v}" for k, v in value.items() if k != "method")
+    )
 
 
 @pytest.fixture
@@ -151,7 +186,17 @@ def test_enough_cases():
 
 def test_yaml_reads_exponents_as_floats_and_keeps_safe_load_otherwise():
     assert load_yaml("[1e6, 3e-3, 1.0e6, -2E+3, 1.5e-3, 4096, 0.5, yarn, null, '1e6', 1e]") == [
-        1e6, 3e-3, 1e6, -2e3, 1.5e-3, 4096, 0.5, "yarn", None, "1e6", "1e"
+        1e6,
+        3e-3,
+        1e6,
+        -2e3,
+        1.5e-3,
+        4096,
+        0.5,
+        "yarn",
+        None,
+        "1e6",
+        "1e",
     ]
     assert yaml.safe_load("1e6") == "1e6"  # the loader is posswap's own: PyYAML's stays as it was
 
@@ -169,7 +214,23 @@ def test_recipe_with_exponent_lr_and_theta(workdir):
 def test_cli_theta_exponent_patches_and_saves(workdir):
     args = build_parser().parse_args(["patch", "m", "--method", "rope", "--theta", "1e6", "--out", "o"])
     assert args.theta == 1e6 and isinstance(args.theta, float)
-    assert main(["patch", str(workdir / "model"), "--method", "rope", "--max-length", "64", "--theta", "1e6", "--out", str(workdir / "p")]) == 0
+    assert (
+        main(
+            [
+                "patch",
+                str(workdir / "model"),
+                "--method",
+                "rope",
+                "--max-length",
+                "64",
+                "--theta",
+                "1e6",
+                "--out",
+                str(workdir / "p"),
+            ]
+        )
+        == 0
+    )
     assert posswap.from_pretrained(str(workdir / "p")).config.posswap["theta"] == 1e6
 
 
@@ -181,7 +242,14 @@ def test_resume_with_another_recipe_is_refused_unless_forced(bases, tmp_path, ca
         "model": str(bases / "gpt2"),
         "posswap": {"method": "rope", "max_length": 64},
         "data": {"train": str(bases / "text.txt")},
-        "train": {"output_dir": str(tmp_path / "run"), "max_steps": 4, "batch_size": 2, "lr": 3e-3, "save_every": 2, "log_every": 1},
+        "train": {
+            "output_dir": str(tmp_path / "run"),
+            "max_steps": 4,
+            "batch_size": 2,
+            "lr": 3e-3,
+            "save_every": 2,
+            "log_every": 1,
+        },
     }
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -200,7 +268,10 @@ def test_resume_with_another_recipe_is_refused_unless_forced(bases, tmp_path, ca
     assert json.loads((tmp_path / "run" / "recipe.json").read_text())["train"]["lr"] == 1e-3
     assert (tmp_path / "run" / "model" / "model.safetensors").read_bytes() != before
     # The new lr is used from the checkpoint on (the checkpoint's optimizer state carried the old one).
-    log = {entry["step"]: entry["lr"] for entry in map(json.loads, (tmp_path / "run" / "log.jsonl").read_text().splitlines())}
+    log = {
+        entry["step"]: entry["lr"]
+        for entry in map(json.loads, (tmp_path / "run" / "log.jsonl").read_text().splitlines())
+    }
     assert log[3] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 3 / 4)))
     # train.position_lr adds optimizer groups: the checkpoint's optimizer cannot carry over, and the error says why.
     capsys.readouterr()

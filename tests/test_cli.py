@@ -23,7 +23,20 @@ def tiny_gpt2_dir(tmp_path):
 
 def test_cli_patch_saves_model_and_tokenizer(tiny_gpt2_dir, tmp_path, capsys):
     out = tmp_path / "tiny-128"
-    code = main(["patch", str(tiny_gpt2_dir), "--method", "interpolate", "--mode", "linear", "--max-length", "128", "--out", str(out)])
+    code = main(
+        [
+            "patch",
+            str(tiny_gpt2_dir),
+            "--method",
+            "interpolate",
+            "--mode",
+            "linear",
+            "--max-length",
+            "128",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     assert "max_position_embeddings 32 -> 128" in capsys.readouterr().out
     model = posswap.from_pretrained(str(out))
@@ -51,7 +64,21 @@ def test_cli_errors_write_nothing(tiny_gpt2_dir, tmp_path, capsys, options, mess
 
 
 def test_cli_unknown_model_folder(tmp_path, capsys):
-    assert main(["patch", str(tmp_path / "missing"), "--method", "interpolate", "--max-length", "64", "--out", str(tmp_path / "o")]) == 2
+    assert (
+        main(
+            [
+                "patch",
+                str(tmp_path / "missing"),
+                "--method",
+                "interpolate",
+                "--max-length",
+                "64",
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 2
+    )
     assert "error" in capsys.readouterr().err
 
 
@@ -63,10 +90,41 @@ def test_cli_help_lists_methods(capsys):
 
 def test_cli_patch_alibi(tiny_gpt2_dir, tmp_path):
     out = tmp_path / "tiny-alibi"
-    code = main(["patch", str(tiny_gpt2_dir), "--method", "alibi", "--max-length", "256", "--backend", "eager", "--symmetric", "false", "--out", str(out)])
+    code = main(
+        [
+            "patch",
+            str(tiny_gpt2_dir),
+            "--method",
+            "alibi",
+            "--max-length",
+            "256",
+            "--backend",
+            "eager",
+            "--symmetric",
+            "false",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     model = posswap.from_pretrained(str(out))
     assert model.config.posswap["backend"] == "eager" and model.config.posswap["symmetric"] is False
     assert model.config._attn_implementation == "posswap_bias_eager"
     assert model(input_ids=torch.arange(3, 259)[None]).logits.shape[1] == 256
-    assert main(["patch", str(tiny_gpt2_dir), "--method", "alibi", "--max-length", "256", "--backend", "fast", "--out", str(out)]) == 2
+    assert (
+        main(
+            [
+                "patch",
+                str(tiny_gpt2_dir),
+                "--method",
+                "alibi",
+                "--max-length",
+                "256",
+                "--backend",
+                "fast",
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )

@@ -9,9 +9,22 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import (
+    MODEL_IDS,
+    MODELS,
+    OLD_LENGTH,
+    assert_decoding_equals_full_pass,
+    assert_untouched,
+    make_model,
+    outputs,
+    padded_mask,
+    reload_and_compare,
+    sharpen_qk,
+    snapshot,
+    token_ids,
+)
 
 import posswap
-from conftest import assert_decoding_equals_full_pass, MODEL_IDS, MODELS, OLD_LENGTH, assert_untouched, make_model, outputs, padded_mask, reload_and_compare, sharpen_qk, snapshot, token_ids
 from posswap.portable import posswap_runtime
 from posswap.registry import METHODS
 
@@ -104,7 +117,9 @@ def test_minilm_reads_2048_forward_and_backward(method, minilm_path):
     hidden = model(input_ids=ids).last_hidden_state
     hidden.pow(2).mean().backward()
     assert torch.isfinite(hidden).all()
-    unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None and not n.startswith("pooler.")]
+    unused = [
+        n for n, p in model.named_parameters() if p.requires_grad and p.grad is None and not n.startswith("pooler.")
+    ]
     assert unused == []  # the pooler is not on this path; anything else unused would fail DDP
 
 
@@ -124,7 +139,15 @@ def _gradients(model, ids, mask) -> dict[str, torch.Tensor | None]:
 
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
 @pytest.mark.parametrize("method", FACTORIES)
-@pytest.mark.parametrize("model_type,head", [("gpt2", "GPT2LMHeadModel"), ("bert", "BertForMaskedLM"), ("roberta", "RobertaForMaskedLM"), ("electra", "ElectraForPreTraining")])
+@pytest.mark.parametrize(
+    "model_type,head",
+    [
+        ("gpt2", "GPT2LMHeadModel"),
+        ("bert", "BertForMaskedLM"),
+        ("roberta", "RobertaForMaskedLM"),
+        ("electra", "ElectraForPreTraining"),
+    ],
+)
 def test_gradient_checkpointing_gives_the_plain_gradients(method, model_type, head, reentrant):
     """A training step with gradient checkpointing (both of torch's modes) gives every parameter the gradient of
     the plain step: the layers run again in the backward pass must do what they did in the forward."""
@@ -137,4 +160,6 @@ def test_gradient_checkpointing_gives_the_plain_gradients(method, model_type, he
     assert [n for n, g in plain.items() if g is None] == [n for n, g in checkpointed.items() if g is None]
     for name, grad in plain.items():
         if grad is not None:
-            torch.testing.assert_close(checkpointed[name], grad, atol=1e-6, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(
+                checkpointed[name], grad, atol=1e-6, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}"
+            )

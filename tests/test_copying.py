@@ -12,9 +12,27 @@ import pytest
 import torch
 
 from posswap.cli import main
-from posswap.study.copier import COPIER_FILE, SHIPPED, CopierRecipe, copier, fingerprint, load_copier, new_copier, tiled_windows
+from posswap.study.copier import (
+    COPIER_FILE,
+    SHIPPED,
+    CopierRecipe,
+    fingerprint,
+    load_copier,
+    new_copier,
+    tiled_windows,
+)
 from posswap.study.copying import (
-    BASELINE, COPYING, ROPE, COPYING_VARIANTS, CHECK_MULTIPLES, MIN_COPY, CopyingSpec, Schedule, check_copier, narrowed, run_copying,
+    BASELINE,
+    CHECK_MULTIPLES,
+    COPYING,
+    COPYING_VARIANTS,
+    MIN_COPY,
+    ROPE,
+    CopyingSpec,
+    Schedule,
+    check_copier,
+    narrowed,
+    run_copying,
     variant_config,
 )
 from posswap.study.copying_report import copying_table, first_step, previous_token_head
@@ -87,8 +105,20 @@ def test_cli_refuses_text_study_flags_on_the_copier(tmp_path, capsys):
 
 
 def _toy_spec(**changes) -> CopyingSpec:
-    settings = dict(name="toy", variants=("copy", "alibi", "rope"), steps=4, batch_size=2, probe_every=2, seeds=(0, 1), span=4,
-                    spans=3, copier=TOY, copier_min_drop=-100.0, untrained_rows=("alibi",), schedules={"rope": Schedule(lr=1e-3)})
+    settings = dict(
+        name="toy",
+        variants=("copy", "alibi", "rope"),
+        steps=4,
+        batch_size=2,
+        probe_every=2,
+        seeds=(0, 1),
+        span=4,
+        spans=3,
+        copier=TOY,
+        copier_min_drop=-100.0,
+        untrained_rows=("alibi",),
+        schedules={"rope": Schedule(lr=1e-3)},
+    )
     return CopyingSpec(**{**settings, **changes})
 
 
@@ -126,8 +156,10 @@ def test_runs_in_worker_processes_equal_runs_in_this_one(tmp_path):
 
 
 def test_first_step_and_previous_token_head():
-    runs = [{"curve": [{"step": 0, "drop": [0.0, 1.0]}, {"step": 5, "drop": [0.0, 3.0]}, {"step": 10, "drop": [0.0, 5.0]}]},
-            {"curve": [{"step": 0, "drop": [0.0, 1.0]}, {"step": 5, "drop": [0.0, 5.5]}, {"step": 10, "drop": [0.0, 4.0]}]}]
+    runs = [
+        {"curve": [{"step": 0, "drop": [0.0, 1.0]}, {"step": 5, "drop": [0.0, 3.0]}, {"step": 10, "drop": [0.0, 5.0]}]},
+        {"curve": [{"step": 0, "drop": [0.0, 1.0]}, {"step": 5, "drop": [0.0, 5.5]}, {"step": 10, "drop": [0.0, 4.0]}]},
+    ]
     assert first_step(runs, 1, 4.0) == 5  # mean over seeds: 1.0, 4.25, 4.5
     assert first_step(runs, 0, 4.0) is None
     assert previous_token_head([[0.5, 0.1, 0.0], [0.1, 0.8, 0.0], [0.3, 0.3, 0.3]]) == 1

@@ -29,17 +29,20 @@ def truncate(name: str, checkpoint: int = 4):
     def damage(run_dir: Path) -> None:
         path = run_dir / f"checkpoint-{checkpoint}" / name
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
     return damage
 
 
 def flip(name: str, checkpoint: int = 4):
     """Same length, still a loadable file: only the checksum can tell."""
+
     def damage(run_dir: Path) -> None:
         path = run_dir / f"checkpoint-{checkpoint}" / name
         data = bytearray(path.read_bytes())
         for i in range(len(data) - 64, len(data) - 48):  # inside the last tensor, past the header
             data[i] ^= 0xFF
         path.write_bytes(bytes(data))
+
     return damage
 
 
@@ -65,10 +68,26 @@ REFUSES = "refuses"
 # (damage to the killed run's folder, the warning or error that names what is wrong (None: no warning), what
 # resume does: the checkpoint it resumes from, or REFUSES)
 RESUME_CASES = {
-    "truncated weights": (truncate("model.safetensors"), r"checkpoint-4/model\.safetensors does not match its sha256", 2),
-    "flipped bytes in weights": (flip("model.safetensors"), r"checkpoint-4/model\.safetensors does not match its sha256", 2),
-    "truncated optimizer tensors": (truncate("optimizer.safetensors"), r"checkpoint-4/optimizer\.safetensors does not match", 2),
-    "flipped bytes in optimizer tensors": (flip("optimizer.safetensors"), r"checkpoint-4/optimizer\.safetensors does not match", 2),
+    "truncated weights": (
+        truncate("model.safetensors"),
+        r"checkpoint-4/model\.safetensors does not match its sha256",
+        2,
+    ),
+    "flipped bytes in weights": (
+        flip("model.safetensors"),
+        r"checkpoint-4/model\.safetensors does not match its sha256",
+        2,
+    ),
+    "truncated optimizer tensors": (
+        truncate("optimizer.safetensors"),
+        r"checkpoint-4/optimizer\.safetensors does not match",
+        2,
+    ),
+    "flipped bytes in optimizer tensors": (
+        flip("optimizer.safetensors"),
+        r"checkpoint-4/optimizer\.safetensors does not match",
+        2,
+    ),
     "truncated optimizer scalars": (truncate("optimizer.json"), r"checkpoint-4/optimizer\.json does not match", 2),
     "truncated scheduler": (truncate("scheduler.json"), r"checkpoint-4/scheduler\.json does not match", 2),
     "truncated RNG tensors": (truncate("rng-0.safetensors"), r"checkpoint-4/rng-0\.safetensors does not match", 2),
@@ -121,7 +140,9 @@ def test_resume_from_a_damaged_run(runs, tmp_path, capsys, case):
     said = _posswap_warnings(caught)
     assert any(re.search(message, text) for text in said) if message else said == []
     assert f"Resumed from {run_dir / f'checkpoint-{outcome}'} at step {outcome}." in capsys.readouterr().out
-    assert [json.loads(line)["step"] for line in (run_dir / "log.jsonl").read_text().splitlines()] == list(range(1, STEPS + 1))
+    assert [json.loads(line)["step"] for line in (run_dir / "log.jsonl").read_text().splitlines()] == list(
+        range(1, STEPS + 1)
+    )
     resumed = load_file(final / "model.safetensors")  # the fallback resumes exactly, as from the newest one
     for key in straight:
         torch.testing.assert_close(resumed[key], straight[key], atol=1e-5, rtol=0)
@@ -130,7 +151,9 @@ def test_resume_from_a_damaged_run(runs, tmp_path, capsys, case):
 def test_flipped_bytes_still_load_so_only_the_checksum_catches_them(runs, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(runs[0]["train"]["output_dir"], run_dir)
-    before = {k: v.clone() for k, v in load_file(run_dir / "checkpoint-4" / "model.safetensors").items()}  # not the mmap
+    before = {
+        k: v.clone() for k, v in load_file(run_dir / "checkpoint-4" / "model.safetensors").items()
+    }  # not the mmap
     flip("model.safetensors")(run_dir)
     after = load_file(run_dir / "checkpoint-4" / "model.safetensors")
     assert before.keys() == after.keys() and any(not torch.equal(before[k], after[k]) for k in before)

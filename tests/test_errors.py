@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from conftest import OLD_LENGTH, assert_untouched, make_model, outputs, snapshot, token_ids
 
 import posswap
-from conftest import OLD_LENGTH, assert_untouched, make_model, outputs, snapshot, token_ids
 
 
 @pytest.mark.parametrize("bad", [0, -8, 2.5, "2048", True, None])
@@ -34,18 +34,26 @@ def test_config_from_dict_errors():
 
 
 def test_unknown_model_type_lists_supported():
-    config = transformers.OPTConfig(vocab_size=99, hidden_size=16, num_hidden_layers=1, ffn_dim=32, num_attention_heads=2, word_embed_proj_dim=16)
+    config = transformers.OPTConfig(
+        vocab_size=99, hidden_size=16, num_hidden_layers=1, ffn_dim=32, num_attention_heads=2, word_embed_proj_dim=16
+    )
     model = transformers.OPTModel(config)
     before = snapshot(model)
-    with pytest.raises(ValueError, match="does not support model_type 'opt'.*bert, electra, gpt2, roberta, xlm-roberta"):
+    with pytest.raises(
+        ValueError, match="does not support model_type 'opt'.*bert, electra, gpt2, roberta, xlm-roberta"
+    ):
         posswap.patch(model, posswap.InterpolateConfig(max_length=64))
     assert_untouched(model, before)
 
 
-@pytest.mark.parametrize("model_type,head", [("gpt2", "GPT2LMHeadModel"), ("bert", "BertForMaskedLM"), ("roberta", "RobertaModel")])
+@pytest.mark.parametrize(
+    "model_type,head", [("gpt2", "GPT2LMHeadModel"), ("bert", "BertForMaskedLM"), ("roberta", "RobertaModel")]
+)
 def test_too_long_input_names_the_limit(model_type, head):
     model = posswap.patch(make_model(model_type, head), posswap.InterpolateConfig(max_length=2 * OLD_LENGTH))
-    with pytest.raises(ValueError, match=f"needs {2 * OLD_LENGTH + 1} positions.*at most {2 * OLD_LENGTH} tokens.*max_length"):
+    with pytest.raises(
+        ValueError, match=f"needs {2 * OLD_LENGTH + 1} positions.*at most {2 * OLD_LENGTH} tokens.*max_length"
+    ):
         outputs(model, token_ids(2 * OLD_LENGTH + 1))
     outputs(model, token_ids(2 * OLD_LENGTH))  # the limit itself is fine
 

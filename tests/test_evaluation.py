@@ -72,7 +72,11 @@ def test_technical_heldout_is_a_second_unseen_domain():
     assert technical["name"] == ["python-docs"]
     for split in ("train", "austen-train", "austen-heldout"):
         assert "python-docs" not in SPLITS[split]
-    assert "def " in technical[0]["text"] and ":func:`" not in technical[0]["text"] and ".. index::" not in technical[0]["text"]  # markup stripped
+    assert (
+        "def " in technical[0]["text"]
+        and ":func:`" not in technical[0]["text"]
+        and ".. index::" not in technical[0]["text"]
+    )  # markup stripped
 
 
 def test_standard_error_is_over_windows(tiny_gpt2, gpt2_tokenizer):
@@ -80,7 +84,9 @@ def test_standard_error_is_over_windows(tiny_gpt2, gpt2_tokenizer):
     results = posswap.evaluate({"tiny": tiny_gpt2}, gpt2_tokenizer, [16, 64], TEXTS, max_tokens=64, progress=False)
     ids = token_stream(TEXTS, gpt2_tokenizer, 64)
     with torch.no_grad():
-        means = torch.tensor([tiny_gpt2(input_ids=w[None], labels=w[None]).loss.item() for w in ids.split(16)], dtype=torch.float64)
+        means = torch.tensor(
+            [tiny_gpt2(input_ids=w[None], labels=w[None]).loss.item() for w in ids.split(16)], dtype=torch.float64
+        )
     assert results.models["tiny"].metrics["loss_se"][0] == pytest.approx((means.std() / 2).item(), rel=1e-4)
     assert results.models["tiny"].metrics["loss_windows"][0] == pytest.approx(means.tolist(), rel=1e-5)
     assert results.models["tiny"].metrics["loss_se"][1] is None  # one window: no error to give
@@ -190,7 +196,10 @@ class Oracle(nn.Module):
 
 
 def test_same_seed_same_masks_for_two_models(word_tokenizer):
-    a, b = Recorder(make_model("bert", "BertForMaskedLM", seed=0)), Recorder(make_model("bert", "BertForMaskedLM", seed=1))
+    a, b = (
+        Recorder(make_model("bert", "BertForMaskedLM", seed=0)),
+        Recorder(make_model("bert", "BertForMaskedLM", seed=1)),
+    )
     results = posswap.evaluate({"a": a, "b": b}, word_tokenizer, [16, 32], TEXTS, max_tokens=64, progress=False)
     assert 0 < len(a.seen) == len(b.seen) and all(torch.equal(x, y) for x, y in zip(a.seen, b.seen))
     assert any((x == word_tokenizer.mask_token_id).any() for x in a.seen)
@@ -232,7 +241,9 @@ def test_adjacent_similarity_of_a_resampled_table_is_higher():
     posswap.patch(model, posswap.InterpolateConfig(max_length=128, mode="linear"))
     smooth = model.embeddings.position_embeddings.weight.detach()
     assert adjacent_similarity(smooth, 32) > adjacent_similarity(table, 32) + 0.3
-    assert adjacent_similarity(table, 64) is None and adjacent_similarity(table[:1].repeat(4, 1), 4) == pytest.approx(1.0)
+    assert adjacent_similarity(table, 64) is None and adjacent_similarity(table[:1].repeat(4, 1), 4) == pytest.approx(
+        1.0
+    )
 
 
 # --- passkey -----------------------------------------------------------------------------------------------
@@ -274,7 +285,9 @@ def test_rotary_similarity_is_the_cosine_of_rotated_copies():
     head_dim, positions = 16, 40
     theta = 10_000.0 ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     query = torch.polar(torch.ones(head_dim // 2, dtype=torch.float64), torch.rand(head_dim // 2, dtype=torch.float64))
-    rotated = query * torch.polar(torch.ones(positions, 1, dtype=torch.float64), torch.arange(positions)[:, None] * theta)
+    rotated = query * torch.polar(
+        torch.ones(positions, 1, dtype=torch.float64), torch.arange(positions)[:, None] * theta
+    )
     real = torch.view_as_real(rotated).flatten(1)
     cosine = torch.nn.functional.normalize(real, dim=-1) @ torch.nn.functional.normalize(real, dim=-1).t()
     assert torch.allclose(rotary_similarity(positions, head_dim), cosine, atol=1e-10)
@@ -282,8 +295,15 @@ def test_rotary_similarity_is_the_cosine_of_rotated_copies():
 
 def test_plots_are_pngs_and_results_round_trip(tiny_gpt2, gpt2_tokenizer, tmp_path):
     results = posswap.evaluate(
-        {"tiny": tiny_gpt2}, gpt2_tokenizer, [64, 128], TEXTS, max_tokens=128,
-        passkey_trials=1, passkey_depths=(0.0, 1.0), out=tmp_path, progress=False,
+        {"tiny": tiny_gpt2},
+        gpt2_tokenizer,
+        [64, 128],
+        TEXTS,
+        max_tokens=128,
+        passkey_trials=1,
+        passkey_depths=(0.0, 1.0),
+        out=tmp_path,
+        progress=False,
     )
     names = {p.name for p in tmp_path.glob("*.png")}
     assert names == {"ppl_vs_length.png", "per_position_loss.png", "passkey_tiny.png", "similarity_tiny.png"}
@@ -299,8 +319,22 @@ def test_cli_eval_end_to_end(tiny_gpt2, gpt2_tokenizer, tmp_path, capsys):
     tiny_gpt2.save_pretrained(tmp_path / "tiny")
     gpt2_tokenizer.save_pretrained(tmp_path / "tiny")
     out = tmp_path / "report"
-    argv = ["eval", str(tmp_path / "tiny"), "--lengths", "32,64,128", "--max-tokens", "256", "--beyond", "sliding",
-            "--passkey-trials", "1", "--passkey-depths", "0,1", "--out", str(out)]
+    argv = [
+        "eval",
+        str(tmp_path / "tiny"),
+        "--lengths",
+        "32,64,128",
+        "--max-tokens",
+        "256",
+        "--beyond",
+        "sliding",
+        "--passkey-trials",
+        "1",
+        "--passkey-depths",
+        "0,1",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "ppl" in printed and "results.json" in printed
@@ -323,7 +357,11 @@ def test_cli_eval_minilm_without_head_shows_similarity(minilm_path, tmp_path, ca
 
 
 def test_device_cpu_works_and_a_bad_device_is_a_clear_error(tiny_gpt2, gpt2_tokenizer, tmp_path, capsys):
-    score = lambda **device: posswap.evaluate({"tiny": tiny_gpt2}, gpt2_tokenizer, [32], TEXTS, max_tokens=64, progress=False, **device)
+    def score(**device):
+        return posswap.evaluate(
+            {"tiny": tiny_gpt2}, gpt2_tokenizer, [32], TEXTS, max_tokens=64, progress=False, **device
+        )
+
     on_cpu, default = score(device="cpu"), score()  # default: cuda where there is one
     assert on_cpu.models["tiny"].metrics["loss"] == pytest.approx(default.models["tiny"].metrics["loss"], rel=1e-3)
     assert next(tiny_gpt2.parameters()).device.type == "cpu"  # a model handed in goes back where it was
@@ -332,7 +370,18 @@ def test_device_cpu_works_and_a_bad_device_is_a_clear_error(tiny_gpt2, gpt2_toke
             score(device=bad)
     tiny_gpt2.save_pretrained(tmp_path / "tiny")
     gpt2_tokenizer.save_pretrained(tmp_path / "tiny")
-    argv = ["eval", str(tmp_path / "tiny"), "--lengths", "32", "--max-tokens", "64", "--passkey-trials", "0", "--out", str(tmp_path / "r")]
+    argv = [
+        "eval",
+        str(tmp_path / "tiny"),
+        "--lengths",
+        "32",
+        "--max-tokens",
+        "64",
+        "--passkey-trials",
+        "0",
+        "--out",
+        str(tmp_path / "r"),
+    ]
     assert main(argv + ["--device", "cpu"]) == 0
     assert main(argv + ["--device", "gpu"]) == 2
     assert "device 'gpu' cannot be used here" in capsys.readouterr().err

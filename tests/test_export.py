@@ -9,9 +9,9 @@ import json
 import pytest
 import torch
 import transformers
+from conftest import make_model, token_ids
 
 import posswap
-from conftest import make_model, token_ids
 from posswap.cli import main
 from posswap.data import GPT2_TOKENIZER_DIR
 
@@ -53,7 +53,9 @@ def test_gpt2_rope_exports_to_gpt_neox(tmp_path, scaling, rotary_dim):
     native = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "neox").eval()  # no trust_remote_code
     assert isinstance(native, transformers.GPTNeoXForCausalLM)
     saved = json.loads((tmp_path / "neox" / "config.json").read_text())
-    assert saved["rotary_pct"] == (rotary_dim or 1.0) and saved["rope_parameters"]["partial_rotary_factor"] == (rotary_dim or 1.0)
+    assert saved["rotary_pct"] == (rotary_dim or 1.0) and saved["rope_parameters"]["partial_rotary_factor"] == (
+        rotary_dim or 1.0
+    )
     assert saved["rope_parameters"]["rope_type"] == (scaling or "default")
     ids = token_ids(LENGTH)
     torch.testing.assert_close(native(ids).logits, model(ids).logits, atol=1e-4, rtol=0)
@@ -166,7 +168,11 @@ def test_cli_export_refusal_is_one_line(saved, tmp_path, capsys):
     folder = saved(posswap.AlibiConfig(max_length=LENGTH))
     assert main(["export", str(folder), "--out", str(tmp_path / "never")]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("posswap export: error:")]
-    assert len(errors) == 1 and "No exact native export for GPT2LMHeadModel" in errors[0] and "trust_remote_code" in errors[0]
+    assert (
+        len(errors) == 1
+        and "No exact native export for GPT2LMHeadModel" in errors[0]
+        and "trust_remote_code" in errors[0]
+    )
     assert not (tmp_path / "never").exists()
 
 
@@ -179,7 +185,10 @@ def test_export_push(hub, saved, tmp_path):
     assert files["model.safetensors"] == (tmp_path / "neox" / "model.safetensors").read_bytes()
 
 
-@pytest.mark.parametrize("model_type,head,mapping", [("gpt2", "GPT2LMHeadModel", "_qkv_per_head"), ("bert", "BertForMaskedLM", "_interleaved")])
+@pytest.mark.parametrize(
+    "model_type,head,mapping",
+    [("gpt2", "GPT2LMHeadModel", "_qkv_per_head"), ("bert", "BertForMaskedLM", "_interleaved")],
+)
 def test_a_wrong_mapping_is_caught_by_the_logit_check(tmp_path, monkeypatch, model_type, head, mapping):
     module = importlib.import_module("posswap.export")  # the attribute posswap.export is the function
     monkeypatch.setattr(module, mapping, lambda weight, heads: weight)  # e.g. q/k rows left half-split

@@ -23,8 +23,19 @@ def launch(bases: Path, tmp_path: Path, processes: int, **train) -> subprocess.C
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(make_raw(bases, tmp_path / "run", "gpt2", "rope", **train)))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIG), "--num_processes", str(processes),
-               "-m", "posswap", "train", str(recipe)]
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(CONFIG),
+        "--num_processes",
+        str(processes),
+        "-m",
+        "posswap",
+        "train",
+        str(recipe),
+    ]
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
 
 
@@ -36,7 +47,9 @@ def test_fsdp_config_on_cpu_is_refused_not_run_as_ddp(bases, tmp_path):
     assert not (tmp_path / "run" / "model").exists()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="accelerate runs FSDP only on accelerators; this machine has no GPU")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="accelerate runs FSDP only on accelerators; this machine has no GPU"
+)
 def test_fsdp_config_trains_a_few_steps(bases, tmp_path):
     # Resumable checkpoints are refused under FSDP (they hold whole tensors), so save_every reaches max_steps.
     done = launch(bases, tmp_path, min(2, torch.cuda.device_count()), max_steps=4, save_every=4)

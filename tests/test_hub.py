@@ -7,13 +7,13 @@ import json
 import huggingface_hub
 import pytest
 import torch
+from conftest import make_model, token_ids
 
 import posswap
 from posswap import cli
 from posswap.evaluation.results import ModelResults, Results
 from posswap.hub import model_card, push_to_hub
 
-from conftest import make_model, token_ids
 
 def patched_gpt2(method: str = "rope"):
     model = make_model("gpt2", "GPT2LMHeadModel")
@@ -35,21 +35,38 @@ def test_push_folder_end_to_end(hub, tmp_path):
     plot.write_bytes(b"\x89PNG not really")
     (tmp_path / "report" / "results.json").write_text(json.dumps(results().to_dict()))
 
-    url = push_to_hub(tmp_path / "out", "me/gpt2-rope-128", results=tmp_path / "report" / "results.json",
-                      plots=[plot], data="posswap:austen-train", steps=20, private=True)
+    url = push_to_hub(
+        tmp_path / "out",
+        "me/gpt2-rope-128",
+        results=tmp_path / "report" / "results.json",
+        plots=[plot],
+        data="posswap:austen-train",
+        steps=20,
+        private=True,
+    )
 
     assert url == f"{hub.url}/me/gpt2-rope-128"
     assert hub.repos["me/gpt2-rope-128"]["private"] is True
     files = hub.files("me/gpt2-rope-128")
-    assert {"config.json", "model.safetensors", "README.md", "plots/ppl_vs_length.png", "modeling_posswap.py"} <= set(files)
+    assert {"config.json", "model.safetensors", "README.md", "plots/ppl_vs_length.png", "modeling_posswap.py"} <= set(
+        files
+    )
     assert files["model.safetensors"] == (tmp_path / "out" / "model.safetensors").read_bytes()
     assert json.loads(files["config.json"])["posswap"] == model.config.posswap
     card = files["README.md"].decode()
     meta = huggingface_hub.ModelCard(card).data
     assert meta.library_name == "transformers" and meta.tags == ["posswap", "rope"]
-    for text in ("`rope`", "32 -> 128", 'posswap.from_pretrained("me/gpt2-rope-128")', "posswap:austen-train",
-                 "steps: 20", results().table(), "![ppl_vs_length](plots/ppl_vs_length.png)",
-                 'AutoModel.from_pretrained("me/gpt2-rope-128", trust_remote_code=True)', "posswap export me/gpt2-rope-128"):
+    for text in (
+        "`rope`",
+        "32 -> 128",
+        'posswap.from_pretrained("me/gpt2-rope-128")',
+        "posswap:austen-train",
+        "steps: 20",
+        results().table(),
+        "![ppl_vs_length](plots/ppl_vs_length.png)",
+        'AutoModel.from_pretrained("me/gpt2-rope-128", trust_remote_code=True)',
+        "posswap export me/gpt2-rope-128",
+    ):
         assert text in card
     # What arrived is a working checkpoint: the same logits after posswap.from_pretrained.
     loaded = posswap.from_pretrained(str(hub.root / "me/gpt2-rope-128")).eval()
@@ -99,7 +116,10 @@ def test_wrong_token_is_a_clear_cli_error(hub, tmp_path, monkeypatch, capsys):
 def test_cli_push(hub, tmp_path, capsys):
     patched_gpt2().save_pretrained(tmp_path / "out")
     results().save(tmp_path / "results.json")
-    assert cli.main(["push", str(tmp_path / "out"), "me/cli", "--private", "--results", str(tmp_path / "results.json")]) == 0
+    assert (
+        cli.main(["push", str(tmp_path / "out"), "me/cli", "--private", "--results", str(tmp_path / "results.json")])
+        == 0
+    )
     assert f"{hub.url}/me/cli" in capsys.readouterr().out
     assert hub.repos["me/cli"]["private"] is True
     assert results().table() in hub.files("me/cli")["README.md"].decode()

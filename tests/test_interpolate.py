@@ -8,9 +8,9 @@ import logging
 import pytest
 import torch
 import transformers
+from conftest import MODEL_IDS, MODELS, OLD_LENGTH, make_model, outputs, reload_and_compare, token_ids
 
 import posswap
-from conftest import MODEL_IDS, MODELS, OLD_LENGTH, make_model, outputs, reload_and_compare, token_ids
 
 NEW_LENGTH = 4 * OLD_LENGTH
 MODES = ["copy", "linear", "cubic"]

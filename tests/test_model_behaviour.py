@@ -8,9 +8,9 @@ import math
 
 import pytest
 import torch
+from conftest import assert_untouched, make_model, sharpen_qk, snapshot
 
 import posswap
-from conftest import assert_untouched, make_model, sharpen_qk, snapshot
 
 NEW_LENGTH = 96
 
@@ -33,7 +33,9 @@ def textbook_rotation(x, theta=10000.0):
     """RoPE as Su et al. write it, on half-split pairs (x_i, x_{i+d/2}) rotated by pos * theta^(-2i/d)."""
     n, d = x.shape[-2], x.shape[-1]
     angle = torch.arange(n)[:, None].double() * theta ** (-torch.arange(0, d, 2).double() / d)
-    pairs = torch.complex(x[..., : d // 2].double(), x[..., d // 2 :].double()) * torch.polar(torch.ones_like(angle), angle)
+    pairs = torch.complex(x[..., : d // 2].double(), x[..., d // 2 :].double()) * torch.polar(
+        torch.ones_like(angle), angle
+    )
     return torch.cat([pairs.real, pairs.imag], dim=-1).float()
 
 
@@ -65,7 +67,11 @@ def test_alibi_first_layer_attention_equals_the_paper():
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("config", [posswap.RopeConfig(max_length=NEW_LENGTH), posswap.AlibiConfig(max_length=NEW_LENGTH)], ids=["rope", "alibi"])
+@pytest.mark.parametrize(
+    "config",
+    [posswap.RopeConfig(max_length=NEW_LENGTH), posswap.AlibiConfig(max_length=NEW_LENGTH)],
+    ids=["rope", "alibi"],
+)
 def test_a_pose_jump_in_position_ids_changes_the_outputs(config):
     model = gpt2(config)
     ids = torch.randint(3, 99, (1, 30), generator=torch.Generator().manual_seed(0))
@@ -77,7 +83,11 @@ def test_a_pose_jump_in_position_ids_changes_the_outputs(config):
     assert (a[:, 15:] - b[:, 15:]).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("config", [posswap.RopeConfig(max_length=NEW_LENGTH), posswap.AlibiConfig(max_length=NEW_LENGTH)], ids=["rope", "alibi"])
+@pytest.mark.parametrize(
+    "config",
+    [posswap.RopeConfig(max_length=NEW_LENGTH), posswap.AlibiConfig(max_length=NEW_LENGTH)],
+    ids=["rope", "alibi"],
+)
 def test_deepcopy_runs_on_its_own_state(config, tmp_path):
     model = gpt2(config)
     model.save_pretrained(tmp_path)
@@ -91,7 +101,9 @@ def test_deepcopy_runs_on_its_own_state(config, tmp_path):
             torch.testing.assert_close(b, fresh(short).logits)
 
 
-@pytest.mark.parametrize("config", [posswap.RopeConfig(max_length=4096), posswap.AlibiConfig(max_length=4096)], ids=["rope", "alibi"])
+@pytest.mark.parametrize(
+    "config", [posswap.RopeConfig(max_length=4096), posswap.AlibiConfig(max_length=4096)], ids=["rope", "alibi"]
+)
 def test_half_precision_keeps_frequencies_and_slopes_in_fp32(config):
     model = gpt2(config).to(torch.bfloat16)
     ids = torch.randint(3, 99, (1, 8))
@@ -112,33 +124,45 @@ def test_half_precision_keeps_frequencies_and_slopes_in_fp32(config):
         torch.testing.assert_close(cos[0, -1, 0], torch.cos(torch.tensor(4007.0)), atol=1e-3, rtol=0)
     else:
         slopes = model.transformer.h[0].attn.posswap_bias.slopes("cpu")
-        assert slopes.dtype == torch.float32 and slopes[0] == 2 ** -2
+        assert slopes.dtype == torch.float32 and slopes[0] == 2**-2
 
 
 @pytest.mark.parametrize("method", ["rope", "alibi", "interpolate"])
 @pytest.mark.parametrize("model_type,head", [("gpt2", "GPT2LMHeadModel"), ("bert", "BertModel")])
-@pytest.mark.parametrize("position_ids,message", [
-    (torch.tensor([[-1, 0, 1, 2]]), "position_ids must be >= 0"),
-    (torch.tensor([[0.0, 1.0, 2.0, 3.0]]), "position_ids must be an integer tensor"),
-], ids=["negative", "float"])
+@pytest.mark.parametrize(
+    "position_ids,message",
+    [
+        (torch.tensor([[-1, 0, 1, 2]]), "position_ids must be >= 0"),
+        (torch.tensor([[0.0, 1.0, 2.0, 3.0]]), "position_ids must be an integer tensor"),
+    ],
+    ids=["negative", "float"],
+)
 def test_bad_position_ids_are_refused(method, model_type, head, position_ids, message):
-    model = posswap.patch(make_model(model_type, head), posswap.config_from_dict({"method": method, "max_length": NEW_LENGTH}))
+    model = posswap.patch(
+        make_model(model_type, head), posswap.config_from_dict({"method": method, "max_length": NEW_LENGTH})
+    )
     with pytest.raises(ValueError, match=message):
         model(input_ids=torch.randint(3, 99, (1, 4)), position_ids=position_ids)
 
 
 def test_repatching_interpolate_with_another_mode_is_refused():
-    model = posswap.patch(make_model("gpt2", "GPT2LMHeadModel"), posswap.InterpolateConfig(max_length=NEW_LENGTH, mode="copy"))
+    model = posswap.patch(
+        make_model("gpt2", "GPT2LMHeadModel"), posswap.InterpolateConfig(max_length=NEW_LENGTH, mode="copy")
+    )
     before = snapshot(model)
     with pytest.raises(ValueError, match="already extended with mode 'copy'"):
         posswap.patch(model, posswap.InterpolateConfig(max_length=NEW_LENGTH, mode="linear"))
     assert_untouched(model, before)
 
 
-@pytest.mark.parametrize("first,second", [
-    (dict(method="rope", theta=10000.0), dict(method="rope", theta=500.0, scaling="yarn")),
-    (dict(method="alibi", backend="eager"), dict(method="alibi", backend="sdpa", absolute="drop")),
-], ids=["rope", "alibi"])
+@pytest.mark.parametrize(
+    "first,second",
+    [
+        (dict(method="rope", theta=10000.0), dict(method="rope", theta=500.0, scaling="yarn")),
+        (dict(method="alibi", backend="eager"), dict(method="alibi", backend="sdpa", absolute="drop")),
+    ],
+    ids=["rope", "alibi"],
+)
 def test_repatching_with_other_settings_applies_them(first, second):
     """The same method with other settings is applied for real: as if patched so from the start."""
     ids = torch.randint(3, 99, (1, 50), generator=torch.Generator().manual_seed(0))

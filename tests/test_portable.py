@@ -18,13 +18,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import WITHOUT_POSSWAP, make_model, sharpen_qk
 from safetensors.torch import load_file
 
 import posswap
 from posswap import cli
 from posswap.hub import push_to_hub
-
-from conftest import WITHOUT_POSSWAP, make_model, sharpen_qk
 
 NEW_LENGTH = 96
 
@@ -33,41 +32,101 @@ NEW_LENGTH = 96
 # (CppCompileError, not posswap's code); flex is covered by the encoder case.
 CASES = {
     "gpt2-rope": ("gpt2", "GPT2LMHeadModel", "AutoModelForCausalLM", posswap.RopeConfig(max_length=NEW_LENGTH)),
-    "gpt2-rope-yarn-partial": ("gpt2", "GPT2LMHeadModel", "AutoModelForCausalLM",
-                               posswap.RopeConfig(max_length=NEW_LENGTH, scaling="yarn", rotary_dim=0.5)),
-    "gpt2-rope-dynamic-eager": ("gpt2", "GPT2LMHeadModel", "AutoModelForCausalLM",
-                                posswap.RopeConfig(max_length=NEW_LENGTH, scaling="dynamic", backend="eager")),
+    "gpt2-rope-yarn-partial": (
+        "gpt2",
+        "GPT2LMHeadModel",
+        "AutoModelForCausalLM",
+        posswap.RopeConfig(max_length=NEW_LENGTH, scaling="yarn", rotary_dim=0.5),
+    ),
+    "gpt2-rope-dynamic-eager": (
+        "gpt2",
+        "GPT2LMHeadModel",
+        "AutoModelForCausalLM",
+        posswap.RopeConfig(max_length=NEW_LENGTH, scaling="dynamic", backend="eager"),
+    ),
     "gpt2-alibi": ("gpt2", "GPT2LMHeadModel", "AutoModelForCausalLM", posswap.AlibiConfig(max_length=NEW_LENGTH)),
-    "gpt2-alibi-eager-keep": ("gpt2", "GPT2LMHeadModel", "AutoModelForCausalLM",
-                              posswap.AlibiConfig(max_length=NEW_LENGTH, backend="eager", absolute="keep")),
+    "gpt2-alibi-eager-keep": (
+        "gpt2",
+        "GPT2LMHeadModel",
+        "AutoModelForCausalLM",
+        posswap.AlibiConfig(max_length=NEW_LENGTH, backend="eager", absolute="keep"),
+    ),
     # init="fit": non-zero bucket tables, so a table the bundle failed to restore would show in the logits.
-    "gpt2-t5-bias-fit": ("gpt2", "GPT2LMHeadModel", "AutoModelForCausalLM", posswap.T5BiasConfig(max_length=NEW_LENGTH, init="fit")),
-    "gpt2-rope-seqcls": ("gpt2", "GPT2ForSequenceClassification", "AutoModelForSequenceClassification",
-                         posswap.RopeConfig(max_length=NEW_LENGTH)),
+    "gpt2-t5-bias-fit": (
+        "gpt2",
+        "GPT2LMHeadModel",
+        "AutoModelForCausalLM",
+        posswap.T5BiasConfig(max_length=NEW_LENGTH, init="fit"),
+    ),
+    "gpt2-rope-seqcls": (
+        "gpt2",
+        "GPT2ForSequenceClassification",
+        "AutoModelForSequenceClassification",
+        posswap.RopeConfig(max_length=NEW_LENGTH),
+    ),
     "bert-rope-mlm": ("bert", "BertForMaskedLM", "AutoModelForMaskedLM", posswap.RopeConfig(max_length=NEW_LENGTH)),
     "bert-alibi-mlm": ("bert", "BertForMaskedLM", "AutoModelForMaskedLM", posswap.AlibiConfig(max_length=NEW_LENGTH)),
-    "bert-alibi-seqcls-flex": ("bert", "BertForSequenceClassification", "AutoModelForSequenceClassification",
-                               posswap.AlibiConfig(max_length=NEW_LENGTH, backend="flex")),
-    "bert-t5-bias-perlayer-mlm": ("bert", "BertForMaskedLM", "AutoModelForMaskedLM",
-                                  posswap.T5BiasConfig(max_length=NEW_LENGTH, init="fit", per_layer=True)),
-    "bert-rope-base-keep": ("bert", "BertModel", "AutoModel", posswap.RopeConfig(max_length=NEW_LENGTH, absolute="keep")),
-    "roberta-rope-mlm": ("roberta", "RobertaForMaskedLM", "AutoModelForMaskedLM", posswap.RopeConfig(max_length=NEW_LENGTH)),
-    "xlmr-alibi-tokcls": ("xlm-roberta", "XLMRobertaForTokenClassification", "AutoModelForTokenClassification",
-                          posswap.AlibiConfig(max_length=NEW_LENGTH)),
-    "electra-rope-tokcls": ("electra", "ElectraForTokenClassification", "AutoModelForTokenClassification",
-                            posswap.RopeConfig(max_length=NEW_LENGTH)),
-    "gpt2-sinusoidal": ("gpt2", "GPT2LMHeadModel", "AutoModelForCausalLM", posswap.SinusoidalConfig(max_length=NEW_LENGTH)),
-    "roberta-sinusoidal-mlm": ("roberta", "RobertaForMaskedLM", "AutoModelForMaskedLM",
-                               posswap.SinusoidalConfig(max_length=NEW_LENGTH, base=500.0)),
+    "bert-alibi-seqcls-flex": (
+        "bert",
+        "BertForSequenceClassification",
+        "AutoModelForSequenceClassification",
+        posswap.AlibiConfig(max_length=NEW_LENGTH, backend="flex"),
+    ),
+    "bert-t5-bias-perlayer-mlm": (
+        "bert",
+        "BertForMaskedLM",
+        "AutoModelForMaskedLM",
+        posswap.T5BiasConfig(max_length=NEW_LENGTH, init="fit", per_layer=True),
+    ),
+    "bert-rope-base-keep": (
+        "bert",
+        "BertModel",
+        "AutoModel",
+        posswap.RopeConfig(max_length=NEW_LENGTH, absolute="keep"),
+    ),
+    "roberta-rope-mlm": (
+        "roberta",
+        "RobertaForMaskedLM",
+        "AutoModelForMaskedLM",
+        posswap.RopeConfig(max_length=NEW_LENGTH),
+    ),
+    "xlmr-alibi-tokcls": (
+        "xlm-roberta",
+        "XLMRobertaForTokenClassification",
+        "AutoModelForTokenClassification",
+        posswap.AlibiConfig(max_length=NEW_LENGTH),
+    ),
+    "electra-rope-tokcls": (
+        "electra",
+        "ElectraForTokenClassification",
+        "AutoModelForTokenClassification",
+        posswap.RopeConfig(max_length=NEW_LENGTH),
+    ),
+    "gpt2-sinusoidal": (
+        "gpt2",
+        "GPT2LMHeadModel",
+        "AutoModelForCausalLM",
+        posswap.SinusoidalConfig(max_length=NEW_LENGTH),
+    ),
+    "roberta-sinusoidal-mlm": (
+        "roberta",
+        "RobertaForMaskedLM",
+        "AutoModelForMaskedLM",
+        posswap.SinusoidalConfig(max_length=NEW_LENGTH, base=500.0),
+    ),
     "gpt2-nope": ("gpt2", "GPT2LMHeadModel", "AutoModelForCausalLM", posswap.NoPEConfig(max_length=NEW_LENGTH)),
     "bert-nope-mlm": ("bert", "BertForMaskedLM", "AutoModelForMaskedLM", posswap.NoPEConfig(max_length=NEW_LENGTH)),
     "gpt2-tupe": ("gpt2", "GPT2LMHeadModel", "AutoModelForCausalLM", posswap.TupeConfig(max_length=NEW_LENGTH)),
-    "roberta-tupe-r-mlm": ("roberta", "RobertaForMaskedLM", "AutoModelForMaskedLM",
-                           posswap.TupeConfig(max_length=NEW_LENGTH, cls_reset=True, relative=True)),
+    "roberta-tupe-r-mlm": (
+        "roberta",
+        "RobertaForMaskedLM",
+        "AutoModelForMaskedLM",
+        posswap.TupeConfig(max_length=NEW_LENGTH, cls_reset=True, relative=True),
+    ),
 }
 
 # Runs with posswap unimportable: load each folder with trust_remote_code, write logits and generations.
-LOADER = WITHOUT_POSSWAP + textwrap.dedent('''
+LOADER = WITHOUT_POSSWAP + textwrap.dedent("""
     import json, sys
     import torch, transformers
     from safetensors.torch import save_file
@@ -91,7 +150,7 @@ LOADER = WITHOUT_POSSWAP + textwrap.dedent('''
         save_file({k: v.contiguous() for k, v in tensors.items()}, job["out"])
         job["class"] = type(model).__name__
     open(sys.argv[1], "w").write(json.dumps(jobs))  # not stdout: transformers' prompt writes there
-''')
+""")
 
 
 def sharpened(model_type: str, head: str):
@@ -113,8 +172,9 @@ def reference(model, auto: str, ids, mask) -> dict:
         out = model(input_ids=ids, attention_mask=mask)
     result = {"logits": out.logits if hasattr(out, "logits") else out.last_hidden_state}
     if auto == "AutoModelForCausalLM":
-        result["generated"] = model.generate(input_ids=ids[:, :12], attention_mask=mask[:, :12], max_new_tokens=6,
-                                             do_sample=False, pad_token_id=0)
+        result["generated"] = model.generate(
+            input_ids=ids[:, :12], attention_mask=mask[:, :12], max_new_tokens=6, do_sample=False, pad_token_id=0
+        )
     return result
 
 
@@ -122,8 +182,14 @@ def load_without_posswap(jobs: list[dict], env: dict | None = None) -> list[dict
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     exchange = Path(jobs[0]["out"]).with_suffix(".jobs.json")
     exchange.write_text(json.dumps(jobs))
-    done = subprocess.run([sys.executable, "-c", LOADER, str(exchange)], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, env=env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", LOADER, str(exchange)],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(exchange.read_text())
 
@@ -144,8 +210,16 @@ def saved(tmp_path_factory):
         ids, mask = inputs(model_type)
         references[name] = reference(loaded, auto, ids, mask)
         torch.testing.assert_close(references[name]["logits"], reference(model, auto, ids, mask)["logits"])
-        jobs.append({"name": name, "source": str(root / name), "auto": auto, "ids": ids.tolist(),
-                     "mask": mask.tolist(), "out": str(root / f"{name}.safetensors")})
+        jobs.append(
+            {
+                "name": name,
+                "source": str(root / name),
+                "auto": auto,
+                "ids": ids.tolist(),
+                "mask": mask.tolist(),
+                "out": str(root / f"{name}.safetensors"),
+            }
+        )
     return root, {job["name"]: job for job in load_without_posswap(jobs)}, references
 
 
@@ -195,13 +269,28 @@ def test_push_and_cli_folders_load_without_posswap(hub, tmp_path, monkeypatch):
     push_to_hub(model, "me/gpt2-alibi")
     base = sharpened("bert", "BertForMaskedLM")
     base.save_pretrained(tmp_path / "bert")
-    assert cli.main(["patch", str(tmp_path / "bert"), "--method", "rope", "--max-length", "64", "--out", str(tmp_path / "cli")]) == 0
+    assert (
+        cli.main(
+            ["patch", str(tmp_path / "bert"), "--method", "rope", "--max-length", "64", "--out", str(tmp_path / "cli")]
+        )
+        == 0
+    )
     jobs = []
-    for name, source, auto, model_type in (("hub", "me/gpt2-alibi", "AutoModelForCausalLM", "gpt2"),
-                                           ("cli", str(tmp_path / "cli"), "AutoModelForMaskedLM", "bert")):
+    for name, source, auto, model_type in (
+        ("hub", "me/gpt2-alibi", "AutoModelForCausalLM", "gpt2"),
+        ("cli", str(tmp_path / "cli"), "AutoModelForMaskedLM", "bert"),
+    ):
         ids, mask = inputs(model_type)
-        jobs.append({"name": name, "source": source, "auto": auto, "ids": ids.tolist(), "mask": mask.tolist(),
-                     "out": str(tmp_path / f"{name}.safetensors")})
+        jobs.append(
+            {
+                "name": name,
+                "source": source,
+                "auto": auto,
+                "ids": ids.tolist(),
+                "mask": mask.tolist(),
+                "out": str(tmp_path / f"{name}.safetensors"),
+            }
+        )
     env = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf_home")}
     results = {job["name"]: job for job in load_without_posswap(jobs, env)}
     ids, mask = inputs("gpt2")
@@ -211,8 +300,12 @@ def test_push_and_cli_folders_load_without_posswap(hub, tmp_path, monkeypatch):
     assert torch.equal(got["generated"], expected["generated"])
     cli_model = posswap.from_pretrained(str(tmp_path / "cli")).eval()
     ids, mask = inputs("bert")
-    torch.testing.assert_close(load_file(results["cli"]["out"])["logits"], reference(cli_model, "AutoModelForMaskedLM", ids, mask)["logits"],
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        load_file(results["cli"]["out"])["logits"],
+        reference(cli_model, "AutoModelForMaskedLM", ids, mask)["logits"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
 
 
 def test_interpolate_folder_stays_plain_transformers(tmp_path):
@@ -236,8 +329,10 @@ def test_folders_saved_before_the_bundle_still_load(tmp_path, method):
         path.unlink()
     ids, mask = inputs("gpt2")
     loaded = posswap.from_pretrained(str(tmp_path)).eval()
-    torch.testing.assert_close(reference(loaded, "AutoModelForCausalLM", ids, mask)["logits"],
-                               reference(model, "AutoModelForCausalLM", ids, mask)["logits"])
+    torch.testing.assert_close(
+        reference(loaded, "AutoModelForCausalLM", ids, mask)["logits"],
+        reference(model, "AutoModelForCausalLM", ids, mask)["logits"],
+    )
 
 
 def test_with_posswap_imported_auto_classes_load_it_without_remote_code(tmp_path):
@@ -247,5 +342,7 @@ def test_with_posswap_imported_auto_classes_load_it_without_remote_code(tmp_path
     model.save_pretrained(tmp_path)
     loaded = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path).eval()
     ids, mask = inputs("bert")
-    torch.testing.assert_close(reference(loaded, "AutoModelForMaskedLM", ids, mask)["logits"],
-                               reference(model, "AutoModelForMaskedLM", ids, mask)["logits"])
+    torch.testing.assert_close(
+        reference(loaded, "AutoModelForMaskedLM", ids, mask)["logits"],
+        reference(model, "AutoModelForMaskedLM", ids, mask)["logits"],
+    )

@@ -33,12 +33,12 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from conftest import WITHOUT_POSSWAP, sharpen_qk
+from test_common import FACTORIES
 
 import posswap
-from conftest import WITHOUT_POSSWAP, sharpen_qk
 from posswap.cli import main
-from posswap.files import LOCK, STAGING, hold, lock_path, write_folder
-from test_common import FACTORIES
+from posswap.files import LOCK, hold, lock_path, write_folder
 
 OLD, NEW = 64, 128
 
@@ -46,14 +46,29 @@ OLD, NEW = 64, 128
 def tiny(arch: str = "gpt2", seed: int = 0):
     torch.manual_seed(seed)
     if arch == "gpt2":
-        config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=OLD, vocab_size=99, bos_token_id=98, eos_token_id=98)
+        config = transformers.GPT2Config(
+            n_layer=2, n_embd=64, n_head=4, n_positions=OLD, vocab_size=99, bos_token_id=98, eos_token_id=98
+        )
         return sharpen_qk(transformers.GPT2LMHeadModel(config).eval())
     if arch == "roberta":
-        config = transformers.RobertaConfig(vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                            intermediate_size=64, pad_token_id=1, max_position_embeddings=OLD + 2)
+        config = transformers.RobertaConfig(
+            vocab_size=99,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            pad_token_id=1,
+            max_position_embeddings=OLD + 2,
+        )
         return sharpen_qk(transformers.RobertaForMaskedLM(config).eval())
-    config = transformers.BertConfig(vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                     intermediate_size=64, max_position_embeddings=OLD)
+    config = transformers.BertConfig(
+        vocab_size=99,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=OLD,
+    )
     return sharpen_qk(transformers.BertForMaskedLM(config).eval())
 
 
@@ -67,7 +82,9 @@ def patched(method: str, arch: str = "gpt2", seed: int = 0):
 
 def scrambled(model):
     with torch.no_grad():  # parameters that start at zero (TUPE-R's buckets) would hide their positions
-        for param in (p for provider in getattr(model.base_model, "posswap_bias_providers", []) for p in provider.parameters()):
+        for param in (
+            p for provider in getattr(model.base_model, "posswap_bias_providers", []) for p in provider.parameters()
+        ):
             param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(1)))
     return model
 
@@ -83,7 +100,9 @@ def logits(model, tokens, **kwargs) -> torch.Tensor:
 
 
 def one_line_error(code: int, err: str, expected: str) -> str:
-    lines = [line for line in err.strip().splitlines() if line.strip() and "%|" not in line]  # transformers' progress bars
+    lines = [
+        line for line in err.strip().splitlines() if line.strip() and "%|" not in line
+    ]  # transformers' progress bars
     assert code == 2 and "Traceback" not in err and len(lines) == 1 and lines[0].startswith("posswap "), err
     assert expected in lines[0], err
     return lines[0]
@@ -102,6 +121,7 @@ def base_folder(tmp_path_factory) -> Path:
 
 # -- item 2: two writers of one folder ----------------------------------------------------------------------
 
+
 def test_a_second_writer_of_one_folder_is_refused_while_the_first_writes(base_folder, tmp_path, capsys):
     """The first writer (paused inside its write, holding the folder) keeps its output; `posswap patch --out` to
     the same folder is refused in one line instead of both exiting 0 with one of the two outputs left."""
@@ -119,7 +139,9 @@ def test_a_second_writer_of_one_folder_is_refused_while_the_first_writes(base_fo
         assert writing.wait(120)
         capsys.readouterr()
         code = main(["patch", str(base_folder), "--method", "alibi", "--max-length", str(NEW), "--out", str(out)])
-        line = one_line_error(code, capsys.readouterr().err, "is writing that folder now; wait for it to finish, or choose another folder")
+        line = one_line_error(
+            code, capsys.readouterr().err, "is writing that folder now; wait for it to finish, or choose another folder"
+        )
         assert f"--out {out}" in line and f"pid {os.getpid()}" in line
     finally:
         finish.set()
@@ -133,23 +155,47 @@ def test_a_writer_in_another_process_holds_the_folder(base_folder, tmp_path):
     the message names that process."""
     out = tmp_path / "out"
     holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
             import sys
             from pathlib import Path
             from posswap.files import hold
             with hold(Path({str(out)!r}), "posswap patch", str):
                 print("held", flush=True)
                 sys.stdin.read()
-        """)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        """),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout.readline().strip() == "held"
         second = subprocess.run(
-            [sys.executable, "-m", "posswap", "patch", str(base_folder), "--method", "rope", "--max-length", str(NEW), "--out", str(out)],
-            capture_output=True, text=True, timeout=600,
+            [
+                sys.executable,
+                "-m",
+                "posswap",
+                "patch",
+                str(base_folder),
+                "--method",
+                "rope",
+                "--max-length",
+                str(NEW),
+                "--out",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
-        one_line_error(second.returncode, second.stderr, f"another posswap process (pid {holder.pid}, posswap patch) is writing that folder now")
+        one_line_error(
+            second.returncode,
+            second.stderr,
+            f"another posswap process (pid {holder.pid}, posswap patch) is writing that folder now",
+        )
         assert not out.exists()
     finally:
         holder.stdin.close()
@@ -164,13 +210,17 @@ def test_a_lock_a_killed_writer_left_is_no_block_and_no_users_file(base_folder, 
     parent.mkdir()
     (parent / f".child.{LOCK}").write_text('{"pid": 1, "by": "posswap patch"}')  # a lock of parent/child, not held
     (tmp_path / f".out.{LOCK}").write_text('{"pid": 1, "by": "posswap patch"}')
-    assert main(["patch", str(base_folder), "--method", "rope", "--max-length", str(NEW), "--out", str(tmp_path / "out")]) == 0
+    assert (
+        main(["patch", str(base_folder), "--method", "rope", "--max-length", str(NEW), "--out", str(tmp_path / "out")])
+        == 0
+    )
     assert main(["patch", str(base_folder), "--method", "rope", "--max-length", str(NEW), "--out", str(parent)]) == 0
     assert (parent / "config.json").is_file() and not (parent / f".child.{LOCK}").exists()
     assert leftovers(tmp_path) == []
 
 
 # -- item 3: two runs on one output_dir ----------------------------------------------------------------------
+
 
 def test_a_second_train_on_one_output_dir_is_refused_at_once(bases, tmp_path, capsys):
     from test_training import make_raw, run
@@ -200,8 +250,11 @@ def test_a_second_train_on_one_output_dir_is_refused_at_once(bases, tmp_path, ca
         before = sorted(p.name for p in run_dir.iterdir())
         capsys.readouterr()  # the first run's progress bars
         code = main(["train", str(recipe)])
-        one_line_error(code, capsys.readouterr().err,
-                       f"another posswap train is using {run_dir} (pid {os.getpid()}); wait for it or choose another train.output_dir.")
+        one_line_error(
+            code,
+            capsys.readouterr().err,
+            f"another posswap train is using {run_dir} (pid {os.getpid()}); wait for it or choose another train.output_dir.",
+        )
         assert sorted(p.name for p in run_dir.iterdir()) == before  # the second run wrote nothing there
     finally:
         resume.set()
@@ -215,7 +268,7 @@ def test_a_second_train_on_one_output_dir_is_refused_at_once(bases, tmp_path, ca
 
 # -- item 4: save_pretrained killed part-way -------------------------------------------------------------------
 
-KILLED_SAVE = textwrap.dedent('''
+KILLED_SAVE = textwrap.dedent("""
     import importlib.abc, json, os, signal, sys
     job = json.loads(sys.argv[1])
     if job["writer"] == "remote-code":
@@ -234,7 +287,7 @@ KILLED_SAVE = textwrap.dedent('''
         os.kill(os.getpid(), signal.SIGKILL)
     transformers.modeling_utils.safe_save_file = killed
     model.save_pretrained(job["target"])
-''')
+""")
 
 
 @pytest.mark.parametrize("writer", ["posswap", "remote-code"])
@@ -250,7 +303,9 @@ def test_a_save_killed_part_way_leaves_the_earlier_folder_whole(tmp_path, writer
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
     job = json.dumps({"writer": writer, "source": str(source), "plain": str(tmp_path / "plain"), "target": str(out)})
-    killed = subprocess.run([sys.executable, "-c", KILLED_SAVE, job], capture_output=True, text=True, env=env, timeout=600)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_SAVE, job], capture_output=True, text=True, env=env, timeout=600
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     loaded = posswap.from_pretrained(str(out))
@@ -294,7 +349,9 @@ def test_save_into_a_mounted_folder_replaces_its_files_config_last(tmp_path, mon
     monkeypatch.setattr(os.path, "ismount", lambda path: str(path) == str(out) or real_ismount(path))
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     with monkeypatch.context() as m:
-        m.setattr(transformers.modeling_utils, "safe_save_file", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
+        m.setattr(
+            transformers.modeling_utils, "safe_save_file", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full"))
+        )
         with pytest.raises(OSError, match="disk full"):
             alibi.save_pretrained(out)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
@@ -318,7 +375,10 @@ def test_save_pretrained_is_refused_while_another_writer_holds_the_folder(tmp_pa
     out = tmp_path / "out"
     model = patched("t5-bias")
     with hold(out, "posswap patch", str):
-        with pytest.raises(ValueError, match=rf"save_pretrained\('{re.escape(str(out))}'\): another posswap process \(pid {os.getpid()}, posswap patch\) is writing"):
+        with pytest.raises(
+            ValueError,
+            match=rf"save_pretrained\('{re.escape(str(out))}'\): another posswap process \(pid {os.getpid()}, posswap patch\) is writing",
+        ):
             model.save_pretrained(out)
     assert not out.exists() and not lock_path(out).exists()
 
@@ -336,6 +396,7 @@ def test_copies_save_themselves(tmp_path):
 
 
 # -- item 5: KV cache with position ids that jump ----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("method", FACTORIES)
 def test_cached_keys_keep_their_positions_when_the_ids_jump(method):
@@ -361,8 +422,16 @@ def test_a_roberta_decoder_counts_its_ids_from_the_padding_offset(method):
     """RoBERTa's ids start at padding_idx + 1 = 2: a first call without ids and a second with explicit ids that jump
     give the full pass with ids 2 + [0..9, 100..104]."""
     torch.manual_seed(0)
-    config = transformers.RobertaConfig(vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                        intermediate_size=64, pad_token_id=1, max_position_embeddings=OLD + 2, is_decoder=True)
+    config = transformers.RobertaConfig(
+        vocab_size=99,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        pad_token_id=1,
+        max_position_embeddings=OLD + 2,
+        is_decoder=True,
+    )
     model = scrambled(posswap.patch(sharpen_qk(transformers.RobertaForCausalLM(config).eval()), FACTORIES[method](NEW)))
     tokens, positions = ids(15), 2 + torch.cat([torch.arange(10), torch.arange(100, 105)])[None]
     full = logits(model, tokens, position_ids=positions)
@@ -389,13 +458,16 @@ def test_a_cropped_cache_and_a_cache_of_unknown_positions(method):
     with torch.no_grad():
         cache = model(input_ids=tokens[:, :6], use_cache=True).past_key_values
         delattr(cache, KEY_POSITIONS)
-        with pytest.raises(ValueError, match=r"position_ids 50\.\.57 for 8 new tokens do not continue the KV cache of 6 tokens"):
+        with pytest.raises(
+            ValueError, match=r"position_ids 50\.\.57 for 8 new tokens do not continue the KV cache of 6 tokens"
+        ):
             model(input_ids=tokens[:, 6:], position_ids=positions[:, 6:], past_key_values=cache)
         step = model(input_ids=tokens[:, 6:], past_key_values=cache)
     torch.testing.assert_close(step.logits, logits(model, tokens)[:, 6:], atol=1e-5, rtol=0)
 
 
 # -- item 7: hand-edited posswap blocks ----------------------------------------------------------------------------
+
 
 def _set(**values):
     return lambda block: block.update(values)
@@ -408,31 +480,78 @@ def _drop(key):
 # id -> (arch, method config, edit to the saved block, the message's key part; None: only posswap.from_pretrained
 # refuses it, as trust_remote_code loads an interpolated folder as the plain model it is)
 EDITS = {
-    "tupe-without-cls_reset": ("gpt2", posswap.TupeConfig(max_length=NEW), _drop("cls_reset"), "block (tupe) has no 'cls_reset'"),
-    "sinusoidal-without-scale": ("gpt2", posswap.SinusoidalConfig(max_length=NEW), _drop("scale"), "block (sinusoidal) has no 'scale'"),
-    "rope-max_length-string": ("gpt2", posswap.RopeConfig(max_length=NEW), _set(max_length=str(NEW)),
-                               f"block (rope) key 'max_length' must be an integer >= 1; got '{NEW}'"),
-    "t5-num_buckets-fraction": ("gpt2", posswap.T5BiasConfig(max_length=NEW), _set(num_buckets=3.5),
-                                "block (t5-bias) key 'num_buckets' must be an integer >= 4 and <= 65536; got 3.5"),
-    "rope-original_length-zero": ("bert", posswap.RopeConfig(max_length=NEW), _set(original_length=0),
-                                  "block (rope) key 'original_length' must be an integer >= 1; got 0"),
-    "alibi-unknown-key": ("gpt2", posswap.AlibiConfig(max_length=NEW), _set(slopes=[0.5]), "block (alibi) has unknown key(s) 'slopes'"),
-    "t5-num_buckets-not-the-weights": ("gpt2", posswap.T5BiasConfig(max_length=NEW), _set(num_buckets=16),
-                                       "block (t5-bias) does not match the weights: transformer.posswap_bias_providers.0."
-                                       "relative_attention_bias.weight is [32, 4] in the checkpoint, but the block's 'num_buckets' (16) builds [16, 4]"),
-    "tupe-max_length-not-n_positions": ("gpt2", posswap.TupeConfig(max_length=NEW), _set(max_length=96),
-                                        f"block (tupe) key 'max_length' is 96 but config.json's n_positions is {NEW}"),
-    "rope-max_length-not-n_positions": ("gpt2", posswap.RopeConfig(max_length=NEW, scaling="linear"), _set(max_length=2 * NEW),
-                                        f"block (rope) key 'max_length' is {2 * NEW} but config.json's n_positions is {NEW}"),
-    "roberta-alibi-max_length": ("roberta", posswap.AlibiConfig(max_length=NEW), _set(max_length=NEW + 2),
-                                 f"key 'max_length' is {NEW + 2} but config.json's max_position_embeddings is {NEW + 2} "
-                                 "(it must be max_length + 2 padding rows)"),
-    "interpolate-max_length-not-n_positions": ("gpt2", posswap.InterpolateConfig(max_length=NEW), _set(max_length=96),
-                                               f"block (interpolate) key 'max_length' is 96 but config.json's n_positions is {NEW}"),
+    "tupe-without-cls_reset": (
+        "gpt2",
+        posswap.TupeConfig(max_length=NEW),
+        _drop("cls_reset"),
+        "block (tupe) has no 'cls_reset'",
+    ),
+    "sinusoidal-without-scale": (
+        "gpt2",
+        posswap.SinusoidalConfig(max_length=NEW),
+        _drop("scale"),
+        "block (sinusoidal) has no 'scale'",
+    ),
+    "rope-max_length-string": (
+        "gpt2",
+        posswap.RopeConfig(max_length=NEW),
+        _set(max_length=str(NEW)),
+        f"block (rope) key 'max_length' must be an integer >= 1; got '{NEW}'",
+    ),
+    "t5-num_buckets-fraction": (
+        "gpt2",
+        posswap.T5BiasConfig(max_length=NEW),
+        _set(num_buckets=3.5),
+        "block (t5-bias) key 'num_buckets' must be an integer >= 4 and <= 65536; got 3.5",
+    ),
+    "rope-original_length-zero": (
+        "bert",
+        posswap.RopeConfig(max_length=NEW),
+        _set(original_length=0),
+        "block (rope) key 'original_length' must be an integer >= 1; got 0",
+    ),
+    "alibi-unknown-key": (
+        "gpt2",
+        posswap.AlibiConfig(max_length=NEW),
+        _set(slopes=[0.5]),
+        "block (alibi) has unknown key(s) 'slopes'",
+    ),
+    "t5-num_buckets-not-the-weights": (
+        "gpt2",
+        posswap.T5BiasConfig(max_length=NEW),
+        _set(num_buckets=16),
+        "block (t5-bias) does not match the weights: transformer.posswap_bias_providers.0."
+        "relative_attention_bias.weight is [32, 4] in the checkpoint, but the block's 'num_buckets' (16) builds [16, 4]",
+    ),
+    "tupe-max_length-not-n_positions": (
+        "gpt2",
+        posswap.TupeConfig(max_length=NEW),
+        _set(max_length=96),
+        f"block (tupe) key 'max_length' is 96 but config.json's n_positions is {NEW}",
+    ),
+    "rope-max_length-not-n_positions": (
+        "gpt2",
+        posswap.RopeConfig(max_length=NEW, scaling="linear"),
+        _set(max_length=2 * NEW),
+        f"block (rope) key 'max_length' is {2 * NEW} but config.json's n_positions is {NEW}",
+    ),
+    "roberta-alibi-max_length": (
+        "roberta",
+        posswap.AlibiConfig(max_length=NEW),
+        _set(max_length=NEW + 2),
+        f"key 'max_length' is {NEW + 2} but config.json's max_position_embeddings is {NEW + 2} "
+        "(it must be max_length + 2 padding rows)",
+    ),
+    "interpolate-max_length-not-n_positions": (
+        "gpt2",
+        posswap.InterpolateConfig(max_length=NEW),
+        _set(max_length=96),
+        f"block (interpolate) key 'max_length' is 96 but config.json's n_positions is {NEW}",
+    ),
 }
 REMOTE_ONLY_POSSWAP = {"interpolate-max_length-not-n_positions"}
 
-REMOTE_LOADER = WITHOUT_POSSWAP + textwrap.dedent('''
+REMOTE_LOADER = WITHOUT_POSSWAP + textwrap.dedent("""
     import json, sys
     import transformers
     transformers.logging.set_verbosity_error()
@@ -446,7 +565,7 @@ REMOTE_LOADER = WITHOUT_POSSWAP + textwrap.dedent('''
         except Exception as error:
             results[name] = f"{type(error).__name__}: {error}"
     print(json.dumps(results))
-''')
+""")
 
 
 @pytest.fixture(scope="module")
@@ -475,7 +594,9 @@ def test_a_hand_edited_block_is_named_by_posswap(edited, name):
 def test_a_hand_edited_block_is_named_without_posswap(edited, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
     jobs = {name: str(folder) for name, folder in edited.items()}
-    done = subprocess.run([sys.executable, "-c", REMOTE_LOADER, json.dumps(jobs)], capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", REMOTE_LOADER, json.dumps(jobs)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])
     for name, result in results.items():
@@ -487,12 +608,24 @@ def test_a_hand_edited_block_is_named_without_posswap(edited, tmp_path):
 
 
 def test_a_hand_edited_block_is_one_line_in_the_cli(edited, tmp_path, capsys):
-    code = main(["patch", str(edited["t5-num_buckets-fraction"]), "--method", "t5-bias", "--max-length", "256", "--out", str(tmp_path / "o")])
+    code = main(
+        [
+            "patch",
+            str(edited["t5-num_buckets-fraction"]),
+            "--method",
+            "t5-bias",
+            "--max-length",
+            "256",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     one_line_error(code, capsys.readouterr().err, EDITS["t5-num_buckets-fraction"][3])
     assert not (tmp_path / "o").exists()
 
 
 # -- item 8: position ids of the wrong length ----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("arch", ["gpt2", "bert"])
 @pytest.mark.parametrize("method", FACTORIES)
@@ -501,7 +634,9 @@ def test_position_ids_of_the_wrong_length_are_refused(method, arch):
     model = patched(method, arch)
     tokens = ids(4, batch=2)
     for count in (3, 5):
-        with pytest.raises(ValueError, match=rf"position_ids has {count} positions per sequence but the input has 4 tokens"):
+        with pytest.raises(
+            ValueError, match=rf"position_ids has {count} positions per sequence but the input has 4 tokens"
+        ):
             logits(model, tokens, position_ids=torch.arange(count)[None])
     with pytest.raises(ValueError, match="position_ids has 3 rows but the input has a batch of 2"):
         logits(model, tokens, position_ids=torch.arange(4).expand(3, -1))
@@ -510,21 +645,31 @@ def test_position_ids_of_the_wrong_length_are_refused(method, arch):
 
 # -- item 9: a tokenizer whose ids exceed the model's vocabulary ----------------------------------------------------
 
+
 def test_a_tokenizer_larger_than_the_vocabulary_is_refused_before_training(bases, tmp_path, capsys):
     """A tiny GPT-2 of 211 rows with the GPT-2 tokenizer trained into `IndexError: index out of range in self`."""
     from posswap.data import GPT2_TOKENIZER_DIR
 
     small = tmp_path / "small"
     torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=211, n_positions=32)).save_pretrained(small)
+    transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=211, n_positions=32)
+    ).save_pretrained(small)
     run_dir = tmp_path / "run"
-    raw = {"model": str(small), "tokenizer": str(GPT2_TOKENIZER_DIR), "posswap": {"method": "rope", "max_length": 64},
-           "data": {"train": str(bases / "text.txt")}, "train": {"output_dir": str(run_dir), "max_steps": 2, "batch_size": 2}}
+    raw = {
+        "model": str(small),
+        "tokenizer": str(GPT2_TOKENIZER_DIR),
+        "posswap": {"method": "rope", "max_length": 64},
+        "data": {"train": str(bases / "text.txt")},
+        "train": {"output_dir": str(run_dir), "max_steps": 2, "batch_size": 2},
+    }
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(json.dumps(raw))
     capsys.readouterr()
     code = main(["train", str(recipe)])
-    one_line_error(code, capsys.readouterr().err, "the tokenizer has 50257 tokens but the model's vocabulary has 211 rows")
+    one_line_error(
+        code, capsys.readouterr().err, "the tokenizer has 50257 tokens but the model's vocabulary has 211 rows"
+    )
     assert not (run_dir / "model").exists() and not (run_dir / "log.jsonl").exists()
 
 
@@ -540,8 +685,12 @@ BOMB = "".join(
 def test_an_alias_bomb_is_refused_in_well_under_a_second(bases, tmp_path, capsys, key):
     import time
 
-    raw = {"model": str(bases / "gpt2"), "posswap": {"method": "rope", "max_length": 64}, "data": {"train": str(bases / "text.txt")},
-           "train": {"output_dir": str(tmp_path / "run"), "max_steps": 2}}
+    raw = {
+        "model": str(bases / "gpt2"),
+        "posswap": {"method": "rope", "max_length": 64},
+        "data": {"train": str(bases / "text.txt")},
+        "train": {"output_dir": str(tmp_path / "run"), "max_steps": 2},
+    }
     block, _, leaf = key.rpartition(".")
     (raw[block] if block else raw)[leaf] = "BOMB"
     recipe = tmp_path / "recipe.yaml"  # JSON is YAML; the bomb is one flow mapping where the value goes
@@ -582,6 +731,7 @@ def test_a_long_value_is_shown_cut_to_a_line(bases, tmp_path, capsys):
 
 
 # -- item 11 and the rough edges of push -----------------------------------------------------------------------------
+
 
 def test_a_push_to_a_hub_that_never_answers_times_out_in_one_line(hub, tmp_path, capsys, monkeypatch):
     """The server accepts the commit and never answers: the push used to hang forever (the client has no timeout)."""
@@ -651,6 +801,7 @@ def test_a_push_leaves_the_folder_as_it_was_and_uploads_card_and_plots(hub, tmp_
 
 # -- rough edges: the final save target, a push at the end of training ----------------------------------------------
 
+
 def _immutable(path: Path, on: bool) -> bool:
     """chattr +i: a folder that even root cannot change (the tests run as root, where permission bits do nothing)."""
     done = subprocess.run(["chattr", "+i" if on else "-i", str(path)], capture_output=True)
@@ -670,8 +821,12 @@ def test_an_unwritable_final_model_folder_is_found_before_training(bases, tmp_pa
         recipe.write_text(json.dumps(make_raw(bases, run_dir, max_steps=2)))
         capsys.readouterr()
         code = main(["train", str(recipe)])
-        one_line_error(code, capsys.readouterr().err, f"train.output_dir: model folder {run_dir / 'model'}: cannot write there")
-        assert sorted(p.name for p in run_dir.iterdir()) == ["model"]  # refused before the first step: no log, no checkpoint
+        one_line_error(
+            code, capsys.readouterr().err, f"train.output_dir: model folder {run_dir / 'model'}: cannot write there"
+        )
+        assert sorted(p.name for p in run_dir.iterdir()) == [
+            "model"
+        ]  # refused before the first step: no log, no checkpoint
     finally:
         _immutable(run_dir / "model", False)
 
@@ -690,20 +845,30 @@ def test_a_push_failing_at_the_end_of_training_says_where_the_model_is(bases, hu
     err = capsys.readouterr().err
     line = err.strip().splitlines()[-1]  # after the training's progress bars
     assert code == 2 and "Traceback" not in err and line.startswith("posswap train: error: "), err
-    assert f"the trained model is saved in {run_dir / 'model'}, but the push to me/trained failed: Client error '401 Unauthorized'" in line, line
+    assert (
+        f"the trained model is saved in {run_dir / 'model'}, but the push to me/trained failed: Client error '401 Unauthorized'"
+        in line
+    ), line
     assert f"posswap push {run_dir / 'model'} me/trained" in line
     assert posswap.from_pretrained(str(run_dir / "model")).config.posswap["method"] == "rope"
 
 
 # -- rough edges: exit 2 with one line where a user can fix the cause ------------------------------------------------
 
-@pytest.mark.parametrize("name,content,expected", [
-    ("bad.txt", b"It is a truth universally acknowledged\n\xff\xfe that a single man\n",
-     "is not UTF-8 text: byte 0xff on line 2"),
-    ("bad.jsonl", b'{"text": "a"}\n{"text": "b"\n{"text": "c"}\n', "line 2 is not valid JSON"),
-    ("list.jsonl", b'{"text": "a"}\n[1, 2]\n', "line 2 is not a JSON object"),
-    ("binary.txt", b"PK\x03\x04\x00\x00\x00binary", "looks binary (a NUL byte on line 1)"),
-])
+
+@pytest.mark.parametrize(
+    "name,content,expected",
+    [
+        (
+            "bad.txt",
+            b"It is a truth universally acknowledged\n\xff\xfe that a single man\n",
+            "is not UTF-8 text: byte 0xff on line 2",
+        ),
+        ("bad.jsonl", b'{"text": "a"}\n{"text": "b"\n{"text": "c"}\n', "line 2 is not valid JSON"),
+        ("list.jsonl", b'{"text": "a"}\n[1, 2]\n', "line 2 is not a JSON object"),
+        ("binary.txt", b"PK\x03\x04\x00\x00\x00binary", "looks binary (a NUL byte on line 1)"),
+    ],
+)
 def test_unreadable_training_data_is_one_line_naming_the_file(bases, tmp_path, capsys, name, content, expected):
     from test_training import make_raw
 
@@ -724,11 +889,15 @@ def test_a_full_disk_while_patching_is_one_line(base_folder, tmp_path, capsys, m
     import transformers.modeling_utils
 
     def full(*args, **kwargs):  # what safetensors raises when the disk fills up under it
-        raise safetensors.SafetensorError('Error while serializing: I/O error: No space left on device (os error 28)')
+        raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
     monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full)
-    code = main(["patch", str(base_folder), "--method", "rope", "--max-length", str(NEW), "--out", str(tmp_path / "out")])
-    one_line_error(code, capsys.readouterr().err, "the disk is full (No space left on device); free some space and run again")
+    code = main(
+        ["patch", str(base_folder), "--method", "rope", "--max-length", str(NEW), "--out", str(tmp_path / "out")]
+    )
+    one_line_error(
+        code, capsys.readouterr().err, "the disk is full (No space left on device); free some space and run again"
+    )
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
 
 
@@ -750,15 +919,20 @@ def test_an_unreachable_hub_is_one_line(hub, tmp_path, capsys, monkeypatch):
 
 # -- rough edges: a tokenizer config that maps to custom code ------------------------------------------------------
 
+
 def _custom_code_tokenizer(folder: Path, tokenizer_class: str) -> None:
     from posswap.data import GPT2_TOKENIZER_DIR
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(GPT2_TOKENIZER_DIR)
     torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=len(tokenizer), n_positions=32)).save_pretrained(folder)
+    transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=len(tokenizer), n_positions=32)
+    ).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     config = json.loads((folder / "tokenizer_config.json").read_text())
-    config.update(tokenizer_class=tokenizer_class, auto_map={"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]})
+    config.update(
+        tokenizer_class=tokenizer_class, auto_map={"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]}
+    )
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     (folder / "tokenization_evil.py").write_text("raise SystemExit('custom code ran')\n")
 
@@ -775,14 +949,20 @@ def test_a_tokenizer_mapped_to_custom_code_is_never_prompted_for(tmp_path, capsy
     prompts = []
     monkeypatch.setattr(builtins, "input", lambda *args: prompts.append(args) or "n")
     out = tmp_path / "out"
-    assert main(["patch", str(source), "--method", "rope", "--max-length", "64", "--out", str(out)]) == 0, capsys.readouterr().err
+    assert main(["patch", str(source), "--method", "rope", "--max-length", "64", "--out", str(out)]) == 0, (
+        capsys.readouterr().err
+    )
     assert prompts == []
     saved = json.loads((out / "tokenizer_config.json").read_text())
     assert "auto_map" not in saved and not (out / "tokenization_evil.py").exists()
-    assert transformers.AutoTokenizer.from_pretrained(out)("a b").input_ids == transformers.AutoTokenizer.from_pretrained(source, trust_remote_code=False)("a b").input_ids
+    assert (
+        transformers.AutoTokenizer.from_pretrained(out)("a b").input_ids
+        == transformers.AutoTokenizer.from_pretrained(source, trust_remote_code=False)("a b").input_ids
+    )
 
 
 # -- rough edges: the meta device ------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("arch", ["gpt2", "bert"])
 @pytest.mark.parametrize("method", FACTORIES)

@@ -11,9 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from torch import nn
-
 from conftest import InputRecorder as Recorder
+from torch import nn
 
 from posswap.evaluation import repeat_probe
 from posswap.evaluation.plots import plot_repeat
@@ -33,7 +32,12 @@ def tiny_gpt2(seed: int = 0) -> transformers.GPT2LMHeadModel:
 def tiny_bert(seed: int = 0) -> transformers.BertForMaskedLM:
     torch.manual_seed(seed)
     config = transformers.BertConfig(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, max_position_embeddings=64
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
     )
     return transformers.BertForMaskedLM(config).eval()
 
@@ -57,7 +61,9 @@ class Copier(nn.Module):
     def __init__(self, lag: int):
         super().__init__()
         self.lag, self.head = lag, nn.Linear(1, 1)
-        self.config = types.SimpleNamespace(model_type="copier", is_decoder=True, vocab_size=VOCAB, max_position_embeddings=None)
+        self.config = types.SimpleNamespace(
+            model_type="copier", is_decoder=True, vocab_size=VOCAB, max_position_embeddings=None
+        )
 
     def get_output_embeddings(self):
         return self.head
@@ -118,7 +124,9 @@ def test_trials_of_one_distance_share_batches_and_the_standard_error_is_of_the_d
 
 def test_past_the_limit_the_sequence_is_read_with_a_sliding_window():
     span, model = 8, Recorder(tiny_gpt2())
-    result = repeat_probe(model, None, random_stream(500), span=span, distances=[10, 60], spans_per_distance=1, progress=False)
+    result = repeat_probe(
+        model, None, random_stream(500), span=span, distances=[10, 60], spans_per_distance=1, progress=False
+    )
     assert result["read_as"] == ["full", "sliding"]  # 26 tokens fit the 64 positions, 76 do not
     assert max(x.shape[1] for x in model.seen) == 64
     (head,), (tail,) = model.seen[1:]  # the 76-token sequence in windows [0, 64) and [32, 76)
@@ -134,10 +142,14 @@ def test_past_the_limit_the_sequence_is_read_with_a_sliding_window():
 def test_an_oracle_copier_drops_by_log_vocab_and_not_when_its_window_is_too_short():
     span, d = 8, 24
     copier = Copier(lag=span + d)
-    result = repeat_probe(copier, None, random_stream(400), span=span, distances=[d], spans_per_distance=5, limit=None, progress=False)
+    result = repeat_probe(
+        copier, None, random_stream(400), span=span, distances=[d], spans_per_distance=5, limit=None, progress=False
+    )
     assert result["reference"][0] == pytest.approx(math.log(VOCAB), abs=1e-4)  # nothing to copy yet: uniform
     assert result["repeat"][0] < 1e-6 and result["drop"][0] == pytest.approx(math.log(VOCAB), abs=1e-3)
-    blind = repeat_probe(copier, None, random_stream(400), span=span, distances=[d], spans_per_distance=5, limit=16, progress=False)
+    blind = repeat_probe(
+        copier, None, random_stream(400), span=span, distances=[d], spans_per_distance=5, limit=16, progress=False
+    )
     assert blind["read_as"] == ["sliding"] and abs(blind["drop"][0]) < 1e-4  # 16-token windows never see 32 back
 
 
@@ -224,16 +236,26 @@ def test_masked_conditions_mask_the_right_places_and_score_the_repeat(bert_token
 def test_masked_past_the_limit_reads_pieces_and_the_entry_point_dispatches(bert_tokenizer):
     model = Recorder(tiny_bert())
     stream = random_stream(300, low=len(SPECIALS))
-    result = repeat_probe(model, bert_tokenizer, stream, span=10, distances=[5, 50], spans_per_distance=2, progress=False)
+    result = repeat_probe(
+        model, bert_tokenizer, stream, span=10, distances=[5, 50], spans_per_distance=2, progress=False
+    )
     assert result["kind"] == "masked" and result["read_as"] == ["full", "truncate"]  # 27 and 72 tokens; 64 fit
     assert max(x.shape[1] for x in model.seen) <= 64
     assert json.loads(json.dumps(result, allow_nan=False)) == result
 
 
 def test_results_are_json_and_the_plot_is_a_png(bert_tokenizer, tmp_path):
-    causal = repeat_probe(tiny_gpt2(), None, random_stream(300), span=6, distances=[0, 16, 48], spans_per_distance=3, progress=False)
+    causal = repeat_probe(
+        tiny_gpt2(), None, random_stream(300), span=6, distances=[0, 16, 48], spans_per_distance=3, progress=False
+    )
     masked = repeat_probe(
-        tiny_bert(), bert_tokenizer, random_stream(300, low=5), span=6, distances=[0, 16, 48], spans_per_distance=1, progress=False
+        tiny_bert(),
+        bert_tokenizer,
+        random_stream(300, low=5),
+        span=6,
+        distances=[0, 16, 48],
+        spans_per_distance=1,
+        progress=False,
     )
     assert set(causal) == {"kind", "span", "distances", "reference", "repeat", "drop", "drop_se", "n", "read_as"}
     assert json.loads(json.dumps(causal, allow_nan=False)) == causal

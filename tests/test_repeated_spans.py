@@ -50,7 +50,8 @@ def test_copies_are_the_same_for_a_seed_and_differ_across_seeds():
 
 def recipe(bases, out, posswap, **data) -> dict:
     return {
-        "model": str(bases / "gpt2"), "posswap": posswap,
+        "model": str(bases / "gpt2"),
+        "posswap": posswap,
         "data": {"train": str(bases / "text.txt"), **data},
         "train": {"output_dir": str(out), "max_steps": 2, "batch_size": 2, "save_every": 10},
     }
@@ -61,7 +62,10 @@ def recipe(bases, out, posswap, **data) -> dict:
     [
         ({"repeat_fraction": 1.5}, "data.repeat_fraction must be a number >= 0 and <= 1"),
         ({"repeat_fraction": 0.5, "repeat_span": 0}, "data.repeat_span must be a positive integer"),
-        ({"repeat_fraction": 0.5, "repeat_span": 40}, r"data.repeat_span \(40\) must be at most half the training window \(64"),
+        (
+            {"repeat_fraction": 0.5, "repeat_span": 40},
+            r"data.repeat_span \(40\) must be at most half the training window \(64",
+        ),
     ],
 )
 def test_bad_repeat_settings_are_refused(bases, tmp_path, data, message):

@@ -6,17 +6,32 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from conftest import (
+    MODEL_IDS,
+    MODELS,
+    OLD_LENGTH,
+    TINY,
+    assert_decoding_equals_full_pass,
+    assert_untouched,
+    make_model,
+    outputs,
+    reload_and_compare,
+    sharpen_qk,
+    snapshot,
+    token_ids,
+)
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import posswap
-from conftest import TINY, assert_decoding_equals_full_pass, MODEL_IDS, MODELS, OLD_LENGTH, assert_untouched, make_model, outputs, reload_and_compare, sharpen_qk, snapshot, token_ids
 from posswap.functional import apply_rotary, rope_frequencies, rotary_cos_sin
 
 NEW_LENGTH = 4 * OLD_LENGTH
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "eager", "flex"])
-@pytest.mark.parametrize("model_type,head", [("gpt2", "GPT2LMHeadModel"), ("bert", "BertModel"), ("roberta", "RobertaForMaskedLM")])
+@pytest.mark.parametrize(
+    "model_type,head", [("gpt2", "GPT2LMHeadModel"), ("bert", "BertModel"), ("roberta", "RobertaForMaskedLM")]
+)
 def test_shifting_positions_leaves_outputs_unchanged(model_type, head, backend):
     model = posswap.patch(make_model(model_type, head), posswap.RopeConfig(max_length=NEW_LENGTH, backend=backend))
     ids = token_ids(48)
@@ -57,7 +72,13 @@ def test_frequencies_are_transformers_own(scaling):
     params = {"rope_type": rope_type, "rope_theta": 10000.0, "factor": factor if scaling else 1.0}
     if scaling == "yarn":
         params["original_max_position_embeddings"] = original
-    config = transformers.LlamaConfig(hidden_size=768, num_attention_heads=12, head_dim=head_dim, max_position_embeddings=original, rope_parameters=params)
+    config = transformers.LlamaConfig(
+        hidden_size=768,
+        num_attention_heads=12,
+        head_dim=head_dim,
+        max_position_embeddings=original,
+        rope_parameters=params,
+    )
     expected, expected_scale = ROPE_INIT_FUNCTIONS[rope_type](config, device=None, seq_len=2048)
     got, scale = rope_frequencies(head_dim, head_dim, 10000.0, scaling, factor, original, seq_len=2048)
     torch.testing.assert_close(got, expected)
@@ -69,14 +90,18 @@ def test_frequencies_are_transformers_own(scaling):
 
 @pytest.mark.parametrize("scaling", ["linear", "dynamic", "yarn"])
 def test_scaled_model_runs_and_round_trips(scaling, tmp_path):
-    model = posswap.patch(make_model("gpt2", "GPT2LMHeadModel"), posswap.RopeConfig(max_length=NEW_LENGTH, scaling=scaling))
+    model = posswap.patch(
+        make_model("gpt2", "GPT2LMHeadModel"), posswap.RopeConfig(max_length=NEW_LENGTH, scaling=scaling)
+    )
     assert torch.isfinite(outputs(model, token_ids(NEW_LENGTH))).all()
     reload_and_compare(model, tmp_path, NEW_LENGTH)
 
 
 @pytest.mark.parametrize("absolute", ["drop", "keep"])
 def test_kv_cache_decoding_equals_full_pass(absolute):
-    model = posswap.patch(make_model("gpt2", "GPT2LMHeadModel"), posswap.RopeConfig(max_length=NEW_LENGTH, absolute=absolute))
+    model = posswap.patch(
+        make_model("gpt2", "GPT2LMHeadModel"), posswap.RopeConfig(max_length=NEW_LENGTH, absolute=absolute)
+    )
     assert_decoding_equals_full_pass(model, token_ids(40, batch=1), 16, atol=1e-5, rtol=1e-5)
 
 
@@ -85,7 +110,9 @@ def test_bert_decoder_kv_cache_without_position_ids_equals_full_pass():
     already holds the new tokens when the later layers run)."""
     torch.manual_seed(0)
     config = transformers.BertConfig(**TINY, max_position_embeddings=OLD_LENGTH, is_decoder=True)
-    model = posswap.patch(sharpen_qk(transformers.BertLMHeadModel(config).eval()), posswap.RopeConfig(max_length=NEW_LENGTH))
+    model = posswap.patch(
+        sharpen_qk(transformers.BertLMHeadModel(config).eval()), posswap.RopeConfig(max_length=NEW_LENGTH)
+    )
     assert_decoding_equals_full_pass(model, token_ids(20, batch=1), 8)
 
 
@@ -103,7 +130,10 @@ def test_training_step_with_gradient_checkpointing(model_type, head):
 
 
 def test_bf16_model_is_finite_at_max_length():
-    model = posswap.patch(make_model("gpt2", "GPT2LMHeadModel").to(torch.bfloat16), posswap.RopeConfig(max_length=NEW_LENGTH, scaling="yarn"))
+    model = posswap.patch(
+        make_model("gpt2", "GPT2LMHeadModel").to(torch.bfloat16),
+        posswap.RopeConfig(max_length=NEW_LENGTH, scaling="yarn"),
+    )
     out = outputs(model, token_ids(NEW_LENGTH))
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
     fp32 = posswap.patch(make_model("bert", "BertModel"), posswap.RopeConfig(max_length=NEW_LENGTH))
@@ -118,7 +148,14 @@ def test_rotary_dim_rotates_only_part_of_each_head():
     assert torch.isfinite(outputs(model, token_ids(NEW_LENGTH))).all()
 
 
-@pytest.mark.parametrize("model_type,head", [("gpt2", "GPT2LMHeadModel"), ("xlm-roberta", "XLMRobertaForTokenClassification"), ("electra", "ElectraForPreTraining")])
+@pytest.mark.parametrize(
+    "model_type,head",
+    [
+        ("gpt2", "GPT2LMHeadModel"),
+        ("xlm-roberta", "XLMRobertaForTokenClassification"),
+        ("electra", "ElectraForPreTraining"),
+    ],
+)
 @pytest.mark.parametrize("absolute", ["drop", "keep"])
 def test_save_and_load_give_identical_logits(model_type, head, absolute, tmp_path):
     model = posswap.patch(make_model(model_type, head), posswap.RopeConfig(max_length=NEW_LENGTH, absolute=absolute))
@@ -168,12 +205,16 @@ def test_errors_leave_model_untouched():
     assert not hasattr(model, "posswap_rotary")
 
 
-@pytest.mark.parametrize("model_type,head,targets", [("gpt2", "GPT2LMHeadModel", ["c_attn"]), ("bert", "BertModel", ["query", "key"])])
+@pytest.mark.parametrize(
+    "model_type,head,targets", [("gpt2", "GPT2LMHeadModel", ["c_attn"]), ("bert", "BertModel", ["query", "key"])]
+)
 def test_lora_update_is_rotated_too(model_type, head, targets):
     from peft import LoraConfig, get_peft_model
 
     model = posswap.patch(make_model(model_type, head), posswap.RopeConfig(max_length=NEW_LENGTH))
-    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=targets, fan_in_fan_out=model_type == "gpt2", init_lora_weights=False))
+    peft_model = get_peft_model(
+        model, LoraConfig(r=4, target_modules=targets, fan_in_fan_out=model_type == "gpt2", init_lora_weights=False)
+    )
     ids = token_ids(48)
     with_lora = outputs(peft_model, ids)
     # Merged weights through the plain projections must give the same outputs: the hooks followed the

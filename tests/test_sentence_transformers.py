@@ -24,15 +24,14 @@ import huggingface_hub
 import pytest
 import torch
 import transformers
+from conftest import WITHOUT_POSSWAP, assert_untouched, sharpen_qk, snapshot
 from safetensors.torch import load_file
+from test_common import FACTORIES
 
 import posswap
 from posswap import cli
 from posswap.data import read_document
 from posswap.hub import model_card, push_to_hub
-
-from conftest import WITHOUT_POSSWAP, assert_untouched, sharpen_qk, snapshot
-from test_common import FACTORIES
 
 st = pytest.importorskip("sentence_transformers")
 try:  # sentence-transformers 6
@@ -41,7 +40,10 @@ except ImportError:  # 5
     from sentence_transformers.models import Pooling, Transformer
 
 # NoPE on an encoder warns that it is the no-positions ablation; it is patched here only to round-trip.
-pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.filterwarnings("ignore:posswap. NoPE")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:posswap. NoPE"),
+]
 
 LENGTH = 2048  # MiniLM: 512 -> 2048
 MINILM = {
@@ -56,7 +58,7 @@ TINY = {f"tiny-bert-{m}": ("bert", factory(TINY_NEW)) for m, factory in FACTORIE
 }
 
 # Runs where posswap cannot be imported: each folder loaded plainly, then with trust_remote_code.
-LOADER = WITHOUT_POSSWAP + textwrap.dedent('''
+LOADER = WITHOUT_POSSWAP + textwrap.dedent("""
     import json, sys
     import torch
     from safetensors.torch import save_file
@@ -76,7 +78,7 @@ LOADER = WITHOUT_POSSWAP + textwrap.dedent('''
         job["max_seq_length"] = model.max_seq_length
         save_file({k: v.contiguous() for k, v in tensors.items()}, job["out"])
     open(sys.argv[1], "w").write(json.dumps(jobs))
-''')
+""")
 
 
 def load_without_posswap(jobs: list[dict]) -> dict[str, dict]:
@@ -84,8 +86,14 @@ def load_without_posswap(jobs: list[dict]) -> dict[str, dict]:
     exchange.write_text(json.dumps(jobs))
     # The bundle is cached beside the folders, not in the user's cache.
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(exchange.parent / "modules")}
-    done = subprocess.run([sys.executable, "-c", LOADER, str(exchange)], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, env=env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", LOADER, str(exchange)],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return {job["name"]: job for job in json.loads(exchange.read_text())}
 
@@ -112,11 +120,17 @@ def tiny_sentence_transformer(folder: Path, minilm_path: str, model_type: str = 
     shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
     if model_type == "bert":
         tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_path, model_max_length=TINY_OLD)
-        model = transformers.BertModel(transformers.BertConfig(vocab_size=len(tokenizer), **shape, max_position_embeddings=TINY_OLD))
+        model = transformers.BertModel(
+            transformers.BertConfig(vocab_size=len(tokenizer), **shape, max_position_embeddings=TINY_OLD)
+        )
     else:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_path, model_max_length=TINY_OLD, pad_token="[unused0]")
+        tokenizer = transformers.AutoTokenizer.from_pretrained(
+            minilm_path, model_max_length=TINY_OLD, pad_token="[unused0]"
+        )
         assert tokenizer.pad_token_id == 1
-        config = transformers.RobertaConfig(vocab_size=len(tokenizer), **shape, pad_token_id=1, max_position_embeddings=TINY_OLD + 2)
+        config = transformers.RobertaConfig(
+            vocab_size=len(tokenizer), **shape, pad_token_id=1, max_position_embeddings=TINY_OLD + 2
+        )
         model = transformers.RobertaModel(config)
     sharpen_qk(model).save_pretrained(folder)  # q.k large enough that positions show in the embeddings
     tokenizer.save_pretrained(folder)
@@ -142,7 +156,14 @@ def saved(tmp_path_factory, minilm_path):
         cases[name] = patch_and_save(model, config, texts, root / name)
         assert cases[name]["tokens"][0] > TINY_OLD + 60
     for name, case in cases.items():
-        jobs.append({"name": name, "folder": str(case["folder"]), "texts": case["texts"], "out": str(root / f"{name}.safetensors")})
+        jobs.append(
+            {
+                "name": name,
+                "folder": str(case["folder"]),
+                "texts": case["texts"],
+                "out": str(root / f"{name}.safetensors"),
+            }
+        )
     return cases, load_without_posswap(jobs)
 
 
@@ -157,8 +178,14 @@ def patch_and_save(model, config, texts: list[str], folder: Path) -> dict:
     # Both of sentence-transformers' methods: save_pretrained is save under another name.
     save = model.save_pretrained if folder.name.startswith("tiny") else model.save
     save(str(folder))
-    return {"folder": folder, "texts": texts, "embeddings": embeddings, "config": config, "model": model,
-            "tokens": [token_count(model, text) for text in texts]}
+    return {
+        "folder": folder,
+        "texts": texts,
+        "embeddings": embeddings,
+        "config": config,
+        "model": model,
+        "tokens": [token_count(model, text) for text in texts],
+    }
 
 
 CASES = [*MINILM, *TINY]
@@ -213,7 +240,9 @@ def test_the_folder_is_a_sentence_transformers_folder(saved, name):
     assert config["posswap"]["max_length"] == case["config"].max_length
     assert json.loads((folder / "tokenizer_config.json").read_text())["model_max_length"] == case["config"].max_length
     if needs_code(case):
-        assert config["model_type"].startswith("posswap-") and config["auto_map"]["AutoModel"].startswith("modeling_posswap.")
+        assert config["model_type"].startswith("posswap-") and config["auto_map"]["AutoModel"].startswith(
+            "modeling_posswap."
+        )
         assert (folder / "modeling_posswap.py").is_file()
         assert not [p for p in folder.glob("*.py") if re.search(r"^\s*(import|from)\s+posswap\b", p.read_text(), re.M)]
     else:
@@ -282,8 +311,16 @@ def test_cli_patch_writes_a_sentence_transformers_folder(minilm_path, tmp_path, 
     out = tmp_path / "minilm-alibi-1k"
     assert cli.main(["patch", minilm_path, "--method", "alibi", "--max-length", "1024", "--out", str(out)]) == 0
     assert "max_position_embeddings 512 -> 1024, max_seq_length 1024" in capsys.readouterr().out
-    assert {"modules.json", "1_Pooling", "2_Normalize", "config.json", "modeling_posswap.py", "model.safetensors",
-            "tokenizer.json", "config_sentence_transformers.json"} <= {p.name for p in out.iterdir()}
+    assert {
+        "modules.json",
+        "1_Pooling",
+        "2_Normalize",
+        "config.json",
+        "modeling_posswap.py",
+        "model.safetensors",
+        "tokenizer.json",
+        "config_sentence_transformers.json",
+    } <= {p.name for p in out.iterdir()}
     assert [p.name for p in tmp_path.iterdir()] == [out.name]  # written whole: no staging folder left
 
     expected = posswap.patch(st.SentenceTransformer(minilm_path, device="cpu"), posswap.AlibiConfig(max_length=1024))
@@ -307,29 +344,46 @@ def test_from_pretrained_names_the_extra_when_sentence_transformers_is_missing(s
 
 
 def test_import_posswap_does_not_import_sentence_transformers(tmp_path):
-    script = textwrap.dedent(f'''
+    script = textwrap.dedent(f"""
         import sys, transformers, posswap
         model = transformers.BertModel(transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                                                intermediate_size=37, max_position_embeddings=32))
         posswap.patch(model, posswap.RopeConfig(max_length=64)).save_pretrained({str(tmp_path)!r})
         posswap.from_pretrained({str(tmp_path)!r})
         assert "sentence_transformers" not in sys.modules, "imported"
-    ''')
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_push_uploads_the_whole_sentence_transformers_folder(hub, tmp_path, minilm_path):
-    model = posswap.patch(tiny_sentence_transformer(tmp_path / "base", minilm_path), posswap.RopeConfig(max_length=TINY_NEW))
+    model = posswap.patch(
+        tiny_sentence_transformer(tmp_path / "base", minilm_path), posswap.RopeConfig(max_length=TINY_NEW)
+    )
     texts = [document(model.tokenizer, 100), "short"]
     expected = embed(model, texts)
 
     # posswap.push_to_hub(model): a sentence-transformers folder with posswap's card.
     push_to_hub(model, "me/st-rope")
     files = hub.files("me/st-rope")
-    assert {"modules.json", "1_Pooling/config.json", "config.json", "modeling_posswap.py", "model.safetensors",
-            "tokenizer.json", "sentence_bert_config.json", "config_sentence_transformers.json", "README.md"} <= set(files)
+    assert {
+        "modules.json",
+        "1_Pooling/config.json",
+        "config.json",
+        "modeling_posswap.py",
+        "model.safetensors",
+        "tokenizer.json",
+        "sentence_bert_config.json",
+        "config_sentence_transformers.json",
+        "README.md",
+    } <= set(files)
     assert json.loads(files["config.json"])["posswap"]["method"] == "rope"
     card = files["README.md"].decode()
     meta = huggingface_hub.ModelCard(card).data
@@ -342,7 +396,9 @@ def test_push_uploads_the_whole_sentence_transformers_folder(hub, tmp_path, mini
     # `posswap push FOLDER` of a saved one: every file of the folder arrives as it is (its card kept).
     model.save(str(tmp_path / "saved"))
     assert cli.main(["push", str(tmp_path / "saved"), "me/st-rope-folder"]) == 0
-    local = {str(p.relative_to(tmp_path / "saved")): p.read_bytes() for p in (tmp_path / "saved").rglob("*") if p.is_file()}
+    local = {
+        str(p.relative_to(tmp_path / "saved")): p.read_bytes() for p in (tmp_path / "saved").rglob("*") if p.is_file()
+    }
     assert hub.files("me/st-rope-folder") == local
     card = model_card(tmp_path / "saved", repo_id="me/st")  # what a push writes where the folder has no card
     assert huggingface_hub.ModelCard(card).data.library_name == "sentence-transformers"

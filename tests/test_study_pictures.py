@@ -230,7 +230,10 @@ def test_t5_bias_by_distance_is_the_bucket_table(model_type, per_layer, tmp_path
 def test_t5_buckets_of_a_model_without_them_is_a_clear_error(models, tmp_path):
     with pytest.raises(ValueError, match="no T5 bucket bias"):
         pictures.plot_t5_buckets(models["alibi", "gpt2"], tmp_path / "t5.png", 10)
-    assert pictures.t5_provider(models["tupe", "gpt2"]) is models["tupe", "gpt2"].base_model.posswap_bias_providers[0].relative
+    assert (
+        pictures.t5_provider(models["tupe", "gpt2"])
+        is models["tupe", "gpt2"].base_model.posswap_bias_providers[0].relative
+    )
 
 
 @pytest.mark.parametrize("model_type", ["gpt2", "bert"])

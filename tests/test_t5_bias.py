@@ -9,10 +9,20 @@ import math
 
 import pytest
 import torch
+from conftest import (
+    assert_decoding_equals_full_pass,
+    assert_kernels_agree,
+    assert_untouched,
+    make_model,
+    outputs,
+    reload_and_compare,
+    sharpen_qk,
+    snapshot,
+    token_ids,
+)
 from transformers.models.t5.modeling_t5 import T5Attention
 
 import posswap
-from conftest import assert_kernels_agree, assert_decoding_equals_full_pass, assert_untouched, make_model, outputs, reload_and_compare, sharpen_qk, snapshot, token_ids
 from posswap.architectures import find_sites
 from posswap.portable.posswap_attention import BIAS_IMPLEMENTATIONS
 from posswap.portable.posswap_runtime import NoPositions
@@ -75,7 +85,9 @@ def test_first_layer_scores_equal_t5_buckets_by_hand(model_type, head):
         got = model(ids, output_attentions=True).attentions[0][0]
         q, k = first_layer_qk(model, ids)
     memory_minus_query = torch.arange(n)[None, :] - torch.arange(n)[:, None]
-    buckets = T5Attention._relative_position_bucket(memory_minus_query, bidirectional=not causal, num_buckets=8, max_distance=16)
+    buckets = T5Attention._relative_position_bucket(
+        memory_minus_query, bidirectional=not causal, num_buckets=8, max_distance=16
+    )
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + hand_made[buckets].permute(2, 0, 1)
     if causal:
         scores = scores.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), -math.inf)
@@ -148,12 +160,16 @@ def independent_bucket_means(stock, num_buckets, max_distance):
     return sums / counts.clamp_min(1)[:, None], counts
 
 
-@pytest.mark.parametrize("model_type,head", [GPT2, BERT, ("roberta", "RobertaForMaskedLM"), ("electra", "ElectraForPreTraining")])
+@pytest.mark.parametrize(
+    "model_type,head", [GPT2, BERT, ("roberta", "RobertaForMaskedLM"), ("electra", "ElectraForPreTraining")]
+)
 def test_fit_init_is_the_per_bucket_mean_of_first_layer_position_logits(model_type, head):
     stock = sinusoid_table(sharpen_qk(make_model(model_type, head)))
     with torch.no_grad():
         expected, counts = independent_bucket_means(stock, 16, 200)  # 32 positions never reach the last buckets
-    model = posswap.patch(stock, posswap.T5BiasConfig(max_length=NEW_LENGTH, num_buckets=16, max_distance=200, init="fit", per_layer=True))
+    model = posswap.patch(
+        stock, posswap.T5BiasConfig(max_length=NEW_LENGTH, num_buckets=16, max_distance=200, init="fit", per_layer=True)
+    )
     assert (counts == 0).any() and (expected[counts == 0] == 0).all() and (expected[counts > 0] != 0).all()
     for table in tables(model):  # every layer starts from the first layer's fit
         torch.testing.assert_close(table.double(), expected, atol=1e-9, rtol=1e-5)
@@ -205,7 +221,10 @@ def test_save_and_load_restore_the_bucket_tables(model_type, head, per_layer, ab
     model = fill_tables(patched(model_type, head, per_layer=per_layer, absolute=absolute, backend="eager"))
     loaded = reload_and_compare(model, tmp_path, NEW_LENGTH)
     assert all(torch.equal(a, b) and a.abs().max() > 0 for a, b in zip(tables(loaded), tables(model), strict=True))
-    assert loaded.config.posswap["method"] == "t5-bias" and loaded.config._attn_implementation == BIAS_IMPLEMENTATIONS["eager"]
+    assert (
+        loaded.config.posswap["method"] == "t5-bias"
+        and loaded.config._attn_implementation == BIAS_IMPLEMENTATIONS["eager"]
+    )
     assert (find_sites(loaded).table is None) == (absolute == "drop")
 
 
@@ -268,4 +287,10 @@ def test_bad_config_values(kwargs, message):
 def test_config_from_dict_and_defaults():
     config = posswap.config_from_dict({"method": "t5-bias", "max_length": 128, "per_layer": True})
     assert isinstance(config, posswap.T5BiasConfig) and config.method == "t5-bias"
-    assert (config.num_buckets, config.max_distance, config.absolute, config.init, config.backend) == (32, 128, "drop", "zeros", None)
+    assert (config.num_buckets, config.max_distance, config.absolute, config.init, config.backend) == (
+        32,
+        128,
+        "drop",
+        "zeros",
+        None,
+    )

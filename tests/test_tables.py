@@ -9,14 +9,13 @@ import warnings
 
 import pytest
 import torch
+from conftest import OLD_LENGTH, assert_untouched, make_model, sharpen_qk, snapshot, token_ids
 
 import posswap
 from posswap import cli
 from posswap.portable import posswap_runtime
 from posswap.training import recipe_from_dict, train
 from posswap.training.trainable import select_trainable
-
-from conftest import OLD_LENGTH, assert_untouched, make_model, sharpen_qk, snapshot, token_ids
 
 NEW_LENGTH = 96
 METHODS = {"sinusoidal": posswap.SinusoidalConfig, "nope": posswap.NoPEConfig}
@@ -26,11 +25,15 @@ MODELS = [("gpt2", "GPT2LMHeadModel"), ("bert", "BertForMaskedLM"), ("roberta", 
 def patched(model_type: str, head: str, method: str, **options):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # NoPE on an encoder warns; tested on its own below
-        return posswap.patch(sharpen_qk(make_model(model_type, head)), METHODS[method](max_length=NEW_LENGTH, **options)).eval()
+        return posswap.patch(
+            sharpen_qk(make_model(model_type, head)), METHODS[method](max_length=NEW_LENGTH, **options)
+        ).eval()
 
 
 def table_slot(model):
-    return model.transformer.wpe if model.config.model_type == "gpt2" else model.base_model.embeddings.position_embeddings
+    return (
+        model.transformer.wpe if model.config.model_type == "gpt2" else model.base_model.embeddings.position_embeddings
+    )
 
 
 def textbook_sinusoid(position: int, dim: int, base: float) -> list[float]:
@@ -42,7 +45,9 @@ def textbook_sinusoid(position: int, dim: int, base: float) -> list[float]:
     return row
 
 
-@pytest.mark.parametrize("model_type,head,base", [("gpt2", "GPT2LMHeadModel", 10000.0), ("roberta", "RobertaForMaskedLM", 100.0)])
+@pytest.mark.parametrize(
+    "model_type,head,base", [("gpt2", "GPT2LMHeadModel", 10000.0), ("roberta", "RobertaForMaskedLM", 100.0)]
+)
 def test_sinusoidal_table_equals_the_formula(model_type, head, base):
     model = patched(model_type, head, "sinusoidal", scale=1.0, base=base)
     offset = 2 if model_type == "roberta" else 0  # RoBERTa: row p is position p - 2; rows 0 and 1 are padding
@@ -155,13 +160,16 @@ def test_scale_match_without_a_table_is_refused_untouched():
 
 # ---- entry points: CLI, recipe, the real MiniLM ----------------------------------------------------------------
 
+
 def test_cli_patches_with_both_methods(tmp_path):
     make_model("bert", "BertForMaskedLM").save_pretrained(tmp_path / "bert")
     for method, extra in (("sinusoidal", ["--scale", "0.5", "--base", "500"]), ("nope", [])):
         out = tmp_path / method
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            code = cli.main(["patch", str(tmp_path / "bert"), "--method", method, "--max-length", "64", "--out", str(out), *extra])
+            code = cli.main(
+                ["patch", str(tmp_path / "bert"), "--method", method, "--max-length", "64", "--out", str(out), *extra]
+            )
         assert code == 0
         block = posswap.from_pretrained(str(out)).config.posswap
         assert block["method"] == method and block["max_length"] == 64
@@ -175,7 +183,14 @@ def test_recipe_trains_and_loads(bases, tmp_path, arch, method):
         "model": str(bases / arch),
         "posswap": {"method": method, "max_length": 64},
         "data": {"train": str(bases / "text.txt")},
-        "train": {"output_dir": str(tmp_path / "run"), "max_steps": 3, "batch_size": 2, "lr": 3e-3, "save_every": 10, "log_every": 1},
+        "train": {
+            "output_dir": str(tmp_path / "run"),
+            "max_steps": 3,
+            "batch_size": 2,
+            "lr": 3e-3,
+            "save_every": 10,
+            "log_every": 1,
+        },
     }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -21,10 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 import transformers
-
-import posswap
 from conftest import sharpen_qk
 from test_common import FACTORIES
+
+import posswap
 
 THREADS, ROUNDS = 4, 40
 OLD, NEW = 64, 256
@@ -33,7 +33,11 @@ CONFIGS = {
         n_layer=2, n_embd=64, n_head=4, n_positions=OLD, vocab_size=99, bos_token_id=98, eos_token_id=98
     ),
     "bert": lambda: transformers.BertConfig(
-        vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        vocab_size=99,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
         max_position_embeddings=OLD,
     ),
 }
@@ -124,8 +128,14 @@ def test_threads_give_each_call_its_output_alone(method, arch):
         return i, logits(model, calls[i])
 
     results = [r for per_thread in run_threads(work, ROUNDS) for r in per_thread]
-    wrong = [(i, (out - alone[i]).abs().max().item()) for i, out in results if not torch.allclose(out, alone[i], atol=1e-6, rtol=0)]
-    assert not wrong, f"{len(wrong)} of {len(results)} threaded outputs differ from the same call alone (max {max(d for _, d in wrong):.3g})"
+    wrong = [
+        (i, (out - alone[i]).abs().max().item())
+        for i, out in results
+        if not torch.allclose(out, alone[i], atol=1e-6, rtol=0)
+    ]
+    assert not wrong, (
+        f"{len(wrong)} of {len(results)} threaded outputs differ from the same call alone (max {max(d for _, d in wrong):.3g})"
+    )
 
 
 @pytest.mark.parametrize("method", FACTORIES)

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TEXT
 import torch
 import transformers
 import yaml
+from conftest import TEXT
 from safetensors.torch import load_file
 
 import posswap
@@ -23,12 +23,21 @@ from posswap.training import recipe_from_dict, train
 from posswap.training.objectives import pose_position_ids
 from posswap.training.recipe import load_recipe
 
+
 def make_raw(bases: Path, out: Path, arch: str = "gpt2", method: str = "rope", **train) -> dict:
     return {
         "model": str(bases / arch),
         "posswap": {"method": method, "max_length": 64},
         "data": {"train": str(bases / "text.txt")},
-        "train": {"output_dir": str(out), "max_steps": 20, "batch_size": 2, "lr": 3e-3, "save_every": 10, "log_every": 1, **train},
+        "train": {
+            "output_dir": str(out),
+            "max_steps": 20,
+            "batch_size": 2,
+            "lr": 3e-3,
+            "save_every": 10,
+            "log_every": 1,
+            **train,
+        },
     }
 
 
@@ -62,6 +71,7 @@ def stop_at(step_to_stop: int):
     def callback(step: int, loss: float, model) -> None:
         if step == step_to_stop:
             raise Interrupted  # as if the process were killed right after checkpoint 10
+
     return callback
 
 
@@ -95,24 +105,32 @@ def test_lora_run_merges_into_a_plain_model(bases, tmp_path):
     weights = load_file(final / "model.safetensors")
     assert not any("lora" in key for key in weights)
     base = load_file(bases / "gpt2" / "model.safetensors")
-    assert not torch.equal(weights["transformer.h.0.attn.c_attn.weight"], base["transformer.h.0.attn.c_attn.weight"])  # LoRA merged
+    assert not torch.equal(
+        weights["transformer.h.0.attn.c_attn.weight"], base["transformer.h.0.attn.c_attn.weight"]
+    )  # LoRA merged
     assert weights["transformer.wpe.weight"].shape[0] == 64
     assert not torch.equal(weights["transformer.wpe.weight"][:32], base["transformer.wpe.weight"])  # table trained
-    assert torch.equal(weights["transformer.h.0.mlp.c_fc.weight"], base["transformer.h.0.mlp.c_fc.weight"])  # MLP frozen
+    assert torch.equal(
+        weights["transformer.h.0.mlp.c_fc.weight"], base["transformer.h.0.mlp.c_fc.weight"]
+    )  # MLP frozen
     assert type(posswap.from_pretrained(str(final))).__name__ == "GPT2LMHeadModel"
 
 
 def test_positions_run_changes_only_the_table(bases, tmp_path):
     final = run(make_raw(bases, tmp_path / "run", "gpt2", "interpolate", trainable="positions", max_steps=5))
     weights, base = load_file(final / "model.safetensors"), load_file(bases / "gpt2" / "model.safetensors")
-    changed = {k for k in base if k in weights and (weights[k].shape != base[k].shape or not torch.equal(weights[k], base[k]))}
+    changed = {
+        k for k in base if k in weights and (weights[k].shape != base[k].shape or not torch.equal(weights[k], base[k]))
+    }
     assert changed == {"transformer.wpe.weight"}
 
 
 def test_positions_without_a_table_needs_norms(bases, tmp_path):
     with pytest.raises(ValueError, match="no position parameters"):
         run(make_raw(bases, tmp_path / "run", "gpt2", "rope", trainable="positions"))
-    final = run(make_raw(bases, tmp_path / "norms", "gpt2", "rope", trainable="positions", train_norms=True, max_steps=5))
+    final = run(
+        make_raw(bases, tmp_path / "norms", "gpt2", "rope", trainable="positions", train_norms=True, max_steps=5)
+    )
     weights, base = load_file(final / "model.safetensors"), load_file(bases / "gpt2" / "model.safetensors")
     changed = {k for k in weights if not torch.equal(weights[k], base[k])}
     assert changed and all(".ln_" in k for k in changed)
@@ -160,7 +178,17 @@ def test_two_process_ddp_on_cpu(bases, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     # The shipped DDP config; on a machine without GPUs accelerate runs it as MULTI_CPU over gloo.
     config = Path(__file__).parents[1] / "recipes" / "accelerate" / "ddp.yaml"
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "-m", "posswap", "train", str(recipe)]
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(config),
+        "-m",
+        "posswap",
+        "train",
+        str(recipe),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     state = json.loads((tmp_path / "run" / "checkpoint-2" / "state.json").read_text())
@@ -241,7 +269,14 @@ def test_streaming_local_jsonl(bases, tmp_path):
     with pytest.raises(Interrupted):
         run(raw, callbacks=[stop_at(4)])
     final = run(raw, resume=True)
-    assert [json.loads(line)["step"] for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
+    assert [json.loads(line)["step"] for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()] == [
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+    ]
     assert posswap.from_pretrained(str(final)).config.posswap["method"] == "interpolate"
 
 
@@ -253,5 +288,7 @@ def test_position_lr_moves_position_parameters_at_their_own_rate(bases, tmp_path
     bias = {k for k in weights if "posswap_bias_providers" in k}
     assert bias and bias.isdisjoint(base)
     assert max(weights[k].abs().max().item() for k in bias) > 5e-3  # Adam: about 1e-2 x (1 + 0.75 + 0.25 cosine)
-    moved = max((weights[k] - base[k]).abs().max().item() for k in base if k in weights and weights[k].shape == base[k].shape)
+    moved = max(
+        (weights[k] - base[k]).abs().max().item() for k in base if k in weights and weights[k].shape == base[k].shape
+    )
     assert moved < 1e-5  # everything else at about lr per step

@@ -8,17 +8,29 @@ import math
 import pytest
 import torch
 import transformers
+from conftest import (
+    assert_decoding_equals_full_pass,
+    assert_kernels_agree,
+    assert_untouched,
+    make_model,
+    outputs,
+    reload_and_compare,
+    sharpen_qk,
+    snapshot,
+    token_ids,
+)
 from transformers.models.t5.modeling_t5 import T5Attention
 
 import posswap
-from conftest import assert_kernels_agree, assert_decoding_equals_full_pass, assert_untouched, make_model, outputs, reload_and_compare, sharpen_qk, snapshot, token_ids
 from posswap.training.trainable import position_parameter_names
 
 NEW_LENGTH = 64
 
 
 def patched(model_type, head, **kwargs):
-    return posswap.patch(sharpen_qk(make_model(model_type, head)), posswap.TupeConfig(max_length=NEW_LENGTH, **kwargs)).eval()
+    return posswap.patch(
+        sharpen_qk(make_model(model_type, head)), posswap.TupeConfig(max_length=NEW_LENGTH, **kwargs)
+    ).eval()
 
 
 def provider(model):
@@ -83,7 +95,9 @@ def fresh_compiler():
 @pytest.mark.parametrize("relative", [False, True])
 @pytest.mark.parametrize("model_type,head", [("gpt2", "GPT2LMHeadModel"), ("roberta", "RobertaModel")])
 def test_kernels_agree(model_type, head, relative, fresh_compiler):
-    assert_kernels_agree(model_type, lambda backend: scramble(patched(model_type, head, backend=backend, relative=relative)))
+    assert_kernels_agree(
+        model_type, lambda backend: scramble(patched(model_type, head, backend=backend, relative=relative))
+    )
 
 
 def test_gpt2_tupe_r_is_absolute_but_its_relative_part_is_shift_invariant():
@@ -92,7 +106,9 @@ def test_gpt2_tupe_r_is_absolute_but_its_relative_part_is_shift_invariant():
 
     def shifted_difference():
         with torch.no_grad():
-            return (model(ids, position_ids=positions + 9).logits - model(ids, position_ids=positions).logits).abs().max()
+            return (
+                (model(ids, position_ids=positions + 9).logits - model(ids, position_ids=positions).logits).abs().max()
+            )
 
     assert shifted_difference() > 1e-3
     with torch.no_grad():
@@ -127,17 +143,28 @@ def test_gpt2_left_padding_with_positions_from_the_mask_equals_rows_alone():
         alone = model(input_ids=short).logits
         torch.testing.assert_close(together[1, 5:], alone[0], atol=1e-5, rtol=0)
         torch.testing.assert_close(together[0], model(input_ids=long).logits[0], atol=1e-5, rtol=0)
-        out = model(input_ids=batch[:, :10], attention_mask=mask[:, :10], position_ids=positions[:, :10], use_cache=True)
-        step = model(input_ids=batch[:, 10:11], attention_mask=mask[:, :11], position_ids=positions[:, 10:11],
-                     past_key_values=out.past_key_values, use_cache=True).logits
+        out = model(
+            input_ids=batch[:, :10], attention_mask=mask[:, :10], position_ids=positions[:, :10], use_cache=True
+        )
+        step = model(
+            input_ids=batch[:, 10:11],
+            attention_mask=mask[:, :11],
+            position_ids=positions[:, 10:11],
+            past_key_values=out.past_key_values,
+            use_cache=True,
+        ).logits
     torch.testing.assert_close(step[1, 0], alone[0, 5], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("model_type,head,kwargs", [
-    ("gpt2", "GPT2LMHeadModel", {"relative": True}),
-    ("roberta", "RobertaForMaskedLM", {"mode": "linear"}),
-    ("electra", "ElectraForPreTraining", {"relative": True, "backend": "eager"}),
-], ids=["gpt2-r", "roberta", "electra-r"])
+@pytest.mark.parametrize(
+    "model_type,head,kwargs",
+    [
+        ("gpt2", "GPT2LMHeadModel", {"relative": True}),
+        ("roberta", "RobertaForMaskedLM", {"mode": "linear"}),
+        ("electra", "ElectraForPreTraining", {"relative": True, "backend": "eager"}),
+    ],
+    ids=["gpt2-r", "roberta", "electra-r"],
+)
 def test_save_and_load_restore_the_new_parameters(model_type, head, kwargs, tmp_path):
     model = scramble(patched(model_type, head, **kwargs))
     loaded = reload_and_compare(model, tmp_path, NEW_LENGTH)
@@ -179,9 +206,16 @@ def test_too_long_input_is_a_clear_error(model_type, head):
         model(input_ids=token_ids(NEW_LENGTH + 1))
 
 
-@pytest.mark.parametrize("bad", [
-    {"cls_reset": "yes"}, {"relative": 1}, {"mode": "nearest"}, {"backend": "flash"}, {"max_length": 0},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"cls_reset": "yes"},
+        {"relative": 1},
+        {"mode": "nearest"},
+        {"backend": "flash"},
+        {"max_length": 0},
+    ],
+)
 def test_bad_values_are_refused(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         posswap.config_from_dict({"method": "tupe", "max_length": NEW_LENGTH, **bad})
@@ -190,13 +224,27 @@ def test_bad_values_are_refused(bad):
 def test_positions_training_covers_the_new_parameters():
     model = patched("bert", "BertForMaskedLM", relative=True)
     names = position_parameter_names(model)
-    assert {n.rsplit(".", 1)[-1] for n in names} == {"positions", "query", "key", "cls_to_others", "others_to_cls", "weight"}
+    assert {n.rsplit(".", 1)[-1] for n in names} == {
+        "positions",
+        "query",
+        "key",
+        "cls_to_others",
+        "others_to_cls",
+        "weight",
+    }
     assert all("posswap_bias_providers" in n for n in names)
 
 
 def test_electra_without_an_embedding_projection_patches():
     """ELECTRA has embeddings_project only when its embedding size differs from the hidden size."""
-    config = transformers.ElectraConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                        intermediate_size=37, embedding_size=32, max_position_embeddings=32)
+    config = transformers.ElectraConfig(
+        vocab_size=99,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        embedding_size=32,
+        max_position_embeddings=32,
+    )
     model = posswap.patch(transformers.ElectraForMaskedLM(config).eval(), posswap.TupeConfig(max_length=64))
     assert torch.isfinite(model(token_ids(50)).logits).all()

@@ -19,8 +19,23 @@ import sys
 from pathlib import Path
 
 # Prose HOWTOs; the C-API ones (clinic, cporting, isolating-extensions, instrumentation) are mostly C.
-HOWTOS = ("functional", "sorting", "unicode", "logging", "regex", "descriptor", "argparse", "sockets", "enum",
-          "ipaddress", "urllib2", "curses", "annotations", "pyporting", "logging-cookbook")
+HOWTOS = (
+    "functional",
+    "sorting",
+    "unicode",
+    "logging",
+    "regex",
+    "descriptor",
+    "argparse",
+    "sockets",
+    "enum",
+    "ipaddress",
+    "urllib2",
+    "curses",
+    "annotations",
+    "pyporting",
+    "logging-cookbook",
+)
 ROLE = re.compile(r":[\w:.+-]+:`([^`]*)`")
 TARGET = re.compile(r"\s*<[^>]*>$")
 LINK = re.compile(r"`([^`<]*?)\s*<[^>]*>`_+")
@@ -43,7 +58,9 @@ def plain(rst: str) -> str:
 def main(sources: Path) -> None:
     index = (sources / "tutorial" / "index.rst.txt").read_text()
     chapters = re.findall(r"^\s+(\w[\w-]*)\.rst$", index, re.M) or re.findall(r"^\s{3}(\w[\w-]*)$", index, re.M)
-    files = [sources / "tutorial" / f"{c}.rst.txt" for c in chapters] + [sources / "howto" / f"{h}.rst.txt" for h in HOWTOS]
+    files = [sources / "tutorial" / f"{c}.rst.txt" for c in chapters] + [
+        sources / "howto" / f"{h}.rst.txt" for h in HOWTOS
+    ]
     text = "\n\n".join(plain(f.read_text(encoding="utf-8")) for f in files if f.exists())
     with gzip.open(OUT, "wt", encoding="utf-8") as f:
         f.write(text)

@@ -33,8 +33,12 @@ def figures() -> dict[str, str]:
         "copier minutes": f"{mini['timings_s']['copier'] / 60:.1f}",
         "copying minutes": f"{study['timings_s']['all'] / 60:.1f}",
         "rope minutes": f"{rope['timings_s']['all'] / 60:.1f}",
-        **{f"{preset}: {name} at {m:g}x": reached(data, name, m) for preset, data in (("copying", study), ("copying-rope", rope))
-           for name in data["runs"] for m in (NEAR, data["target_multiple"])},
+        **{
+            f"{preset}: {name} at {m:g}x": reached(data, name, m)
+            for preset, data in (("copying", study), ("copying-rope", rope))
+            for name in data["runs"]
+            for m in (NEAR, data["target_multiple"])
+        },
     }
 
 

@@ -23,7 +23,7 @@ class TokenLosses:
     context: torch.Tensor  # (n,) long: index in its forward pass (the tokens it could see)
 
     @staticmethod
-    def cat(parts: list["TokenLosses"]) -> "TokenLosses":
+    def cat(parts: list[TokenLosses]) -> TokenLosses:
         return TokenLosses(*(torch.cat([getattr(p, f) for p in parts]) for f in ("nll", "position", "context")))
 
     def mean(self) -> float:
@@ -54,7 +54,9 @@ def sliding_losses(model: nn.Module, ids: torch.Tensor, window: int, stride: int
     return TokenLosses.cat(parts)
 
 
-def window_losses(model: nn.Module, window: torch.Tensor, limit: int | None, beyond: str, stride: int | None) -> tuple[TokenLosses, str]:
+def window_losses(
+    model: nn.Module, window: torch.Tensor, limit: int | None, beyond: str, stride: int | None
+) -> tuple[TokenLosses, str]:
     """Losses of one requested-length window and how it was read: ``full`` (one pass), ``truncate`` (passes of
     the model's own length, each from a fresh start) or ``sliding`` (the model's length, ``stride`` apart;
     default half of it)."""

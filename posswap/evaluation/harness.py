@@ -87,7 +87,9 @@ def evaluate(
         if kind == "causal":
             _score_causal(model, name, stream, lengths, result, stride, beyond, max_tokens, progress)
             if passkey_trials > 0:
-                result.passkey = _passkey(model, name, tokenizer, lengths, result.limit, passkey_trials, passkey_depths, seed, progress)
+                result.passkey = _passkey(
+                    model, name, tokenizer, lengths, result.limit, passkey_trials, passkey_depths, seed, progress
+                )
                 result.metrics["passkey"] = [_mean(row) for row in result.passkey["accuracy"]]
                 if None in result.metrics["passkey"]:
                     result.notes.append("passkey needs a few dozen tokens of prompt: '-' where a length is shorter.")
@@ -99,7 +101,9 @@ def evaluate(
                 "AutoModelForMaskedLM / AutoModelForCausalLM); only its position table is measured."
             )
         if kind == "masked" and beyond == "sliding" and result.limit is not None and lengths[-1] > result.limit:
-            result.notes.append("masked LMs read lengths past their limit in pieces (truncate); sliding is for causal LMs.")
+            result.notes.append(
+                "masked LMs read lengths past their limit in pieces (truncate); sliding is for causal LMs."
+            )
         table = learned_table(model) if model.config.model_type in ARCHITECTURES else None
         if table is not None:  # says something even about an encoder with no head
             result.metrics["adjacent_cos"] = [adjacent_similarity(table, length) for length in lengths]
@@ -188,7 +192,9 @@ def _score_masked(model, name, tokenizer, stream, lengths, result, seed, max_tok
         accuracy.append(scores.accuracy)
         read_as.append(how)
         buckets.append(_buckets(scores.nll, scores.position, length))
-    result.metrics.update(mlm_loss=loss, mlm_loss_se=errors, mlm_loss_windows=per_window, mlm_accuracy=accuracy, read_as=read_as)
+    result.metrics.update(
+        mlm_loss=loss, mlm_loss_se=errors, mlm_loss_windows=per_window, mlm_accuracy=accuracy, read_as=read_as
+    )
     result.per_position = buckets
 
 

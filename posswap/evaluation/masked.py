@@ -22,12 +22,16 @@ def with_special_tokens(content: torch.Tensor, tokenizer) -> torch.Tensor:
     return torch.cat([torch.tensor(full[:start]), content, torch.tensor(full[start + len(bare) :])]).long()
 
 
-def mask_windows(windows: list[torch.Tensor], tokenizer, seed: int, probability: float = 0.15) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def mask_windows(
+    windows: list[torch.Tensor], tokenizer, seed: int, probability: float = 0.15
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(masked input, labels with -100 where not masked) per window. A fresh seeded collator per call: the
     same windows and seed give the same masks, whichever model is evaluated afterwards."""
     if tokenizer.mask_token_id is None:
         raise ValueError(f"{type(tokenizer).__name__} has no mask token; masked-LM evaluation needs one.")
-    collator = DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=probability, seed=seed, return_tensors="pt")
+    collator = DataCollatorForLanguageModeling(
+        tokenizer, mlm=True, mlm_probability=probability, seed=seed, return_tensors="pt"
+    )
     masked = []
     for window in windows:
         batch = collator([{"input_ids": window}])
@@ -46,7 +50,9 @@ class MaskedScores:
 
 
 @torch.no_grad()
-def masked_lm_scores(model: nn.Module, masked: list[tuple[torch.Tensor, torch.Tensor]], limit: int | None) -> tuple[MaskedScores, str]:
+def masked_lm_scores(
+    model: nn.Module, masked: list[tuple[torch.Tensor, torch.Tensor]], limit: int | None
+) -> tuple[MaskedScores, str]:
     """Loss and accuracy over the masked tokens. A window longer than ``limit`` is read in consecutive pieces
     of the model's own length (``truncate``): the masks stay those of the whole window."""
     device = model_device(model)
@@ -67,5 +73,7 @@ def masked_lm_scores(model: nn.Module, masked: list[tuple[torch.Tensor, torch.Te
     if not nlls:
         raise ValueError("No token was masked: use longer windows or more --max-tokens.")
     nll, hit = torch.cat(nlls), torch.cat(hits)
-    scores = MaskedScores(nll.mean().item(), hit.float().mean().item(), len(nll), nll, torch.cat(positions), torch.cat(window_of))
+    scores = MaskedScores(
+        nll.mean().item(), hit.float().mean().item(), len(nll), nll, torch.cat(positions), torch.cat(window_of)
+    )
     return scores, how

@@ -105,7 +105,9 @@ def plot_similarity(model, name: str, path: Path) -> Path:
     if table is not None:
         panels.append((f"{name}: learned table", cosine_matrix(table[index])))
     panels.append(("sinusoidal", cosine_matrix(sinusoidal_table(positions, model.config.hidden_size)[index])))
-    panels.append((f"rotary (head dim {head_dim(model)})", rotary_similarity(positions, head_dim(model))[index][:, index]))
+    panels.append(
+        (f"rotary (head dim {head_dim(model)})", rotary_similarity(positions, head_dim(model))[index][:, index])
+    )
     figure, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.2), layout="constrained")
     extent = (0, positions, positions, 0)
     for axis, (title, matrix) in zip(axes, panels):

@@ -49,7 +49,9 @@ def _generator(seed: int, d: int, salt: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + d * 7 + salt)
 
 
-def draw_trials(stream: torch.Tensor, span: int, d: int, count: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def draw_trials(
+    stream: torch.Tensor, span: int, d: int, count: int, seed: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``count`` (span, filler) pairs: two non-overlapping stretches of ``stream`` placed uniformly at random,
     in either order. Two start points u <= v in the stream less both lengths: the first stretch starts at u,
     the second at v plus the first's length, so they never overlap and may sit anywhere."""
@@ -130,7 +132,9 @@ def repeat_probe_causal(
     rows = []
     with tqdm(total=len(distances) * spans_per_distance, desc="repeat probe (causal)", disable=not progress) as bar:
         for d in distances:
-            sequences = torch.stack([torch.cat([s, f, s]) for s, f in draw_trials(stream, span, d, spans_per_distance, seed)])
+            sequences = torch.stack(
+                [torch.cat([s, f, s]) for s, f in draw_trials(stream, span, d, spans_per_distance, seed)]
+            )
             if limit is None or sequences.shape[1] <= limit:
                 nll, read_as = _causal_full(model, sequences), "full"
             else:
@@ -172,7 +176,9 @@ def masked_conditions(
 
 
 @torch.no_grad()
-def _masked_nll(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, limit: int | None) -> tuple[list[float], str]:
+def _masked_nll(
+    model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, limit: int | None
+) -> tuple[list[float], str]:
     """Mean NLL of the labelled tokens per row. Rows that fit run ``BATCH`` at a time; longer ones are read as
     masked_lm_scores reads them (consecutive pieces of the model's length, "truncate")."""
     if limit is not None and inputs.shape[1] > limit:
@@ -215,7 +221,13 @@ def repeat_probe_masked(
             trials = draw_trials(stream, span, d, spans_per_distance, seed)
             offsets = mask_offsets(span, d, spans_per_distance, seed, mask_fraction)
             built = [
-                masked_conditions(with_special_tokens(torch.cat([s, f, s]), tokenizer), start, start + span + d, m, tokenizer.mask_token_id)
+                masked_conditions(
+                    with_special_tokens(torch.cat([s, f, s]), tokenizer),
+                    start,
+                    start + span + d,
+                    m,
+                    tokenizer.mask_token_id,
+                )
                 for (s, f), m in zip(trials, offsets)
             ]
             copy, hidden, labels = (torch.stack(part) for part in zip(*built))
@@ -264,4 +276,6 @@ def repeat_probe(
     model.eval()  # dropout would make the two occurrences differ by noise
     if kind == "causal":
         return repeat_probe_causal(model, stream, span, distances, spans_per_distance, limit, seed, progress=progress)
-    return repeat_probe_masked(model, tokenizer, stream, span, distances, spans_per_distance, limit, seed, progress=progress)
+    return repeat_probe_masked(
+        model, tokenizer, stream, span, distances, spans_per_distance, limit, seed, progress=progress
+    )

@@ -30,7 +30,7 @@ class Results:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Results":
+    def from_dict(cls, data: dict) -> Results:
         models = {name: ModelResults(**value) for name, value in data["models"].items()}
         return cls(lengths=list(data["lengths"]), data=data["data"], settings=dict(data["settings"]), models=models)
 
@@ -41,7 +41,7 @@ class Results:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "Results":
+    def load(cls, path: str | Path) -> Results:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
     def table(self) -> str:
@@ -61,7 +61,9 @@ class Results:
         lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)) for row in [header] + rows]
         notes = [f"{name}: {note}" for name, result in self.models.items() for note in result.notes]
         if any("adjacent_cos" in result.metrics for result in self.models.values()):
-            notes.append("adjacent_cos: mean cosine similarity of neighbouring rows of the position table up to that length.")
+            notes.append(
+                "adjacent_cos: mean cosine similarity of neighbouring rows of the position table up to that length."
+            )
         return "\n".join(lines + notes)
 
 

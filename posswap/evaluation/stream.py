@@ -57,7 +57,9 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         torch.empty(0, device=resolved)  # the only reliable check that the device exists here
     except (RuntimeError, AssertionError, TypeError) as error:
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise ValueError(f"device {str(device)!r} cannot be used here ({first_line}); use cpu, cuda or cuda:N.") from None
+        raise ValueError(
+            f"device {str(device)!r} cannot be used here ({first_line}); use cpu, cuda or cuda:N."
+        ) from None
     return resolved
 
 

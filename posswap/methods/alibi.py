@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ..architectures import Sites
 from ..absolute import ABSOLUTE_CHOICES, check_absolute, keep_table, planned_table_weight
+from ..architectures import Sites
 from ..backends import check_bias_backend, resolve_bias_backend, validate_backend
 from ..config import PositionConfig, check_choice
 from ..registry import register_method
+
 
 @dataclass
 class AlibiConfig(PositionConfig):
@@ -20,11 +21,15 @@ class AlibiConfig(PositionConfig):
 
     symmetric: bool | None = field(
         default=None,
-        metadata={"help": "ALiBi bias -m*|i-j| (true) or causal -m*(i-j) (false); default: symmetric for encoders, causal for GPT-2."},
+        metadata={
+            "help": "ALiBi bias -m*|i-j| (true) or causal -m*(i-j) (false); default: symmetric for encoders, causal for GPT-2."
+        },
     )
     absolute: str = field(
         default="drop",
-        metadata={"help": "drop: remove the learned position table (default); keep: keep it, extended by copying rows."},
+        metadata={
+            "help": "drop: remove the learned position table (default); keep: keep it, extended by copying rows."
+        },
     )
     backend: str | None = field(
         default=None,

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..absolute import replace_table_weight
 from ..architectures import Sites
 from ..config import PositionConfig, check_choice
-from ..absolute import replace_table_weight
 from ..functional import RESAMPLE_MODES, resample_positions
 from ..memory import resampled_table_bytes_per_row
 from ..registry import register_method
@@ -24,7 +24,9 @@ class InterpolateConfig(PositionConfig):
 
     mode: str = field(
         default="copy",
-        metadata={"help": "copy: tile the old rows (Longformer); linear / cubic: resample the table (position interpolation)."},
+        metadata={
+            "help": "copy: tile the old rows (Longformer); linear / cubic: resample the table (position interpolation)."
+        },
     )
 
     def validate(self) -> None:
@@ -60,7 +62,12 @@ def apply(model: nn.Module, sites: Sites, config: InterpolateConfig) -> None:
     if config.max_length == old:
         return
     if config.max_length < old:
-        logger.warning("Shrinking the position table from %d to %d tokens: positions past %d are lost.", old, config.max_length, config.max_length)
+        logger.warning(
+            "Shrinking the position table from %d to %d tokens: positions past %d are lost.",
+            old,
+            config.max_length,
+            config.max_length,
+        )
     replace_table_weight(sites.table, resized_table_weight(sites, config.max_length, config.mode))
 
 

@@ -29,12 +29,18 @@ class RopeConfig(PositionConfig):
         default=None,
         metadata={"help": "Head dims rotated: a fraction in (0, 1] or an even number of dims; default all."},
     )
-    scaling: str | None = field(default=None, metadata={"help": "None, linear, dynamic or yarn (transformers' rope functions)."})
+    scaling: str | None = field(
+        default=None, metadata={"help": "None, linear, dynamic or yarn (transformers' rope functions)."}
+    )
     factor: float | None = field(
         default=None, metadata={"help": "Scaling factor; default max_length / the model's original length."}
     )
-    absolute: str = field(default="drop", metadata={"help": "drop: remove the learned table; keep: keep it, extended by copy."})
-    backend: str | None = field(default=None, metadata={"help": "Attention kernel: sdpa, flex or eager; default: as loaded."})
+    absolute: str = field(
+        default="drop", metadata={"help": "drop: remove the learned table; keep: keep it, extended by copy."}
+    )
+    backend: str | None = field(
+        default=None, metadata={"help": "Attention kernel: sdpa, flex or eager; default: as loaded."}
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -44,11 +50,15 @@ class RopeConfig(PositionConfig):
             ok_fraction = isinstance(r, float) and 0 < r <= 1
             ok_count = isinstance(r, int) and not isinstance(r, bool) and r > 0 and r % 2 == 0
             if not (ok_fraction or ok_count):
-                raise ValueError(f"rotary_dim must be a fraction in (0, 1] or an even positive number of dims, got {r!r}.")
+                raise ValueError(
+                    f"rotary_dim must be a fraction in (0, 1] or an even positive number of dims, got {r!r}."
+                )
         check_choice("scaling", self.scaling, SCALINGS)
         if self.factor is not None:
             if self.scaling is None:
-                raise ValueError("factor only applies with scaling='linear', 'dynamic' or 'yarn'; set scaling or drop factor.")
+                raise ValueError(
+                    "factor only applies with scaling='linear', 'dynamic' or 'yarn'; set scaling or drop factor."
+                )
             check_number("factor", self.factor, minimum=1)
         check_choice("absolute", self.absolute, ABSOLUTE_CHOICES)
         validate_backend(self.backend)

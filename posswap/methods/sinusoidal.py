@@ -18,11 +18,15 @@ from ..registry import register_method
 class SinusoidalConfig(PositionConfig):
     method = "sinusoidal"
 
-    base: float = field(default=10000.0, metadata={"help": "Sinusoid base: dims 2i and 2i+1 turn at base^(-2i/d) rad per position."})
+    base: float = field(
+        default=10000.0, metadata={"help": "Sinusoid base: dims 2i and 2i+1 turn at base^(-2i/d) rad per position."}
+    )
     scale: str | float = field(
         default="match",
-        metadata={"help": "match: scale the table to the RMS of the learned table it replaces (recorded as a number); "
-                          "or a number to multiply the unit sin/cos table by."},
+        metadata={
+            "help": "match: scale the table to the RMS of the learned table it replaces (recorded as a number); "
+            "or a number to multiply the unit sin/cos table by."
+        },
     )
 
     def validate(self) -> None:
@@ -44,7 +48,9 @@ def rms(table) -> float:
 def check(model: nn.Module, sites: Sites, config: SinusoidalConfig) -> None:
     if config.scale == "match" and sites.table is None:
         previous = getattr(model.config, "posswap", None) or {}
-        hint = f" (this model's sinusoid has scale={previous['scale']})" if previous.get("method") == "sinusoidal" else ""
+        hint = (
+            f" (this model's sinusoid has scale={previous['scale']})" if previous.get("method") == "sinusoidal" else ""
+        )
         raise ValueError(
             "scale='match' measures the learned position table, but this model has none left (a method replaced it). "
             f"Give scale as a number{hint}, or start from the original checkpoint."

@@ -36,18 +36,33 @@ class T5BiasConfig(PositionConfig):
 
     num_buckets: int = field(
         default=32,
-        metadata={"help": "Buckets of relative distance, one learned bias per bucket and head (T5: 32); encoders split them between both directions."},
+        metadata={
+            "help": "Buckets of relative distance, one learned bias per bucket and head (T5: 32); encoders split them between both directions."
+        },
     )
     max_distance: int = field(
-        default=128, metadata={"help": "Distance at which the log-spaced buckets end; farther keys share the last bucket (T5: 128)."}
+        default=128,
+        metadata={
+            "help": "Distance at which the log-spaced buckets end; farther keys share the last bucket (T5: 128)."
+        },
     )
-    per_layer: bool = field(default=False, metadata={"help": "One bucket table per layer (true) or one shared by all layers, as T5 (false)."})
-    absolute: str = field(default="drop", metadata={"help": "drop: remove the learned table (default); keep: keep it, extended by copy."})
+    per_layer: bool = field(
+        default=False,
+        metadata={"help": "One bucket table per layer (true) or one shared by all layers, as T5 (false)."},
+    )
+    absolute: str = field(
+        default="drop", metadata={"help": "drop: remove the learned table (default); keep: keep it, extended by copy."}
+    )
     init: str = field(
         default="zeros",
-        metadata={"help": "Starting biases: zeros, or fit (per-bucket means of the original's first-layer position-position logits)."},
+        metadata={
+            "help": "Starting biases: zeros, or fit (per-bucket means of the original's first-layer position-position logits)."
+        },
     )
-    backend: str | None = field(default=None, metadata={"help": "Attention kernel: sdpa, flex or eager; default: what the model was loaded with."})
+    backend: str | None = field(
+        default=None,
+        metadata={"help": "Attention kernel: sdpa, flex or eager; default: what the model was loaded with."},
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -63,7 +78,9 @@ class T5BiasConfig(PositionConfig):
 def check(model: nn.Module, sites: Sites, config: T5BiasConfig) -> None:
     check_absolute(sites, config.absolute)
     if config.init == "fit" and sites.table is None:
-        raise ValueError("init='fit' fits the biases to the learned position table, but this model has none left. Use init='zeros'.")
+        raise ValueError(
+            "init='fit' fits the biases to the learned position table, but this model has none left. Use init='zeros'."
+        )
     check_bias_backend(model, config.backend)
 
 
@@ -120,7 +137,9 @@ def fitted_biases(model: nn.Module, sites: Sites, rows: torch.Tensor, config: T5
     scaling = getattr(attention, "scaling", q.shape[-1] ** -0.5)
     scores = q @ k.transpose(-1, -2) * scaling  # (heads, L, L)
     positions = torch.arange(length)
-    buckets = t5_buckets(positions[None, :] - positions[:, None], not sites.arch.causal, config.num_buckets, config.max_distance)
+    buckets = t5_buckets(
+        positions[None, :] - positions[:, None], not sites.arch.causal, config.num_buckets, config.max_distance
+    )
     pairs = torch.ones(length, length, dtype=torch.bool)
     pairs = pairs.tril() if sites.arch.causal else pairs  # GPT-2's queries never see later keys
     return bucket_means(scores[:, pairs], buckets[pairs], config.num_buckets).T.float()

@@ -29,11 +29,15 @@ class TupeConfig(PositionConfig):
 
     cls_reset: bool | None = field(
         default=None,
-        metadata={"help": "Replace the correlations from and to position 0 ([CLS]) by two learned scalars per head; default: on for encoders, off for GPT-2."},
+        metadata={
+            "help": "Replace the correlations from and to position 0 ([CLS]) by two learned scalars per head; default: on for encoders, off for GPT-2."
+        },
     )
     relative: bool = field(
         default=False,
-        metadata={"help": "TUPE-R: also add T5's learned bucketed relative bias (32 buckets, max distance 128), zero at the start."},
+        metadata={
+            "help": "TUPE-R: also add T5's learned bucketed relative bias (32 buckets, max distance 128), zero at the start."
+        },
     )
     mode: str = field(
         default="copy",

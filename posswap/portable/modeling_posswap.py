@@ -50,7 +50,9 @@ class PosswapConfigMixin:
         data["model_type"] = MODEL_TYPE_PREFIX + model_type
         data["architectures"] = [posswap_name(name) for name in data.get("architectures") or []]
         data["auto_map"] = {"AutoConfig": f"{_MODULE}.{type(self).__name__}"} | {
-            auto: f"{_MODULE}.{posswap_name(table[model_type])}" for auto, table in AUTO_HEADS.items() if model_type in table
+            auto: f"{_MODULE}.{posswap_name(table[model_type])}"
+            for auto, table in AUTO_HEADS.items()
+            if model_type in table
         }
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
@@ -104,7 +106,9 @@ def _stock_heads(model_type: str) -> list[type]:
     module = getattr(transformers.models, model_type_to_module_name(model_type))
     modeling = getattr(module, f"modeling_{model_type_to_module_name(model_type)}")
     classes = [getattr(modeling, name) for name in modeling.__all__]
-    return [c for c in classes if issubclass(c, transformers.PreTrainedModel) and not c.__name__.endswith("PreTrainedModel")]
+    return [
+        c for c in classes if issubclass(c, transformers.PreTrainedModel) and not c.__name__.endswith("PreTrainedModel")
+    ]
 
 
 def _define(name: str, bases: tuple, attributes: dict | None = None) -> type:
@@ -117,6 +121,10 @@ CONFIG_CLASSES: dict[str, type] = {}  # stock model_type -> Posswap config class
 MODEL_CLASSES: dict[str, type] = {}  # stock class name -> Posswap model class
 for _model_type in ARCHITECTURES:
     _stock_config = getattr(transformers, CONFIG_MAPPING_NAMES[_model_type])
-    _config = CONFIG_CLASSES[_model_type] = _define(posswap_name(_stock_config.__name__), (PosswapConfigMixin, _stock_config))
+    _config = CONFIG_CLASSES[_model_type] = _define(
+        posswap_name(_stock_config.__name__), (PosswapConfigMixin, _stock_config)
+    )
     for _stock in _stock_heads(_model_type):
-        MODEL_CLASSES[_stock.__name__] = _define(posswap_name(_stock.__name__), (PosswapModelMixin, _stock), {"config_class": _config})
+        MODEL_CLASSES[_stock.__name__] = _define(
+            posswap_name(_stock.__name__), (PosswapModelMixin, _stock), {"config_class": _config}
+        )

@@ -5,7 +5,7 @@ It travels with saved models (``posswap/portable``), so it imports nothing from 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

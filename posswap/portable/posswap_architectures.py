@@ -10,8 +10,8 @@ posswap.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -47,18 +47,32 @@ def _padding_offset(config) -> int:
 
 
 _BERT_LIKE = dict(
-    embeddings="embeddings", table="position_embeddings", self_attention="encoder.layer.*.attention.self",
-    causal=False, qk_projections=(("query", (0,)), ("key", (0,))), lora_targets=("query", "key", "value"), conv1d=False,
+    embeddings="embeddings",
+    table="position_embeddings",
+    self_attention="encoder.layer.*.attention.self",
+    causal=False,
+    qk_projections=(("query", (0,)), ("key", (0,))),
+    lora_targets=("query", "key", "value"),
+    conv1d=False,
 )
 
 ARCHITECTURES: dict[str, Architecture] = {
     "bert": Architecture("bert", **_BERT_LIKE, layer_class="BertLayer"),
-    "electra": Architecture("electra", **_BERT_LIKE, layer_class="ElectraLayer", embedding_projection="embeddings_project"),
+    "electra": Architecture(
+        "electra", **_BERT_LIKE, layer_class="ElectraLayer", embedding_projection="embeddings_project"
+    ),
     "roberta": Architecture("roberta", **_BERT_LIKE, layer_class="RobertaLayer", offset=_padding_offset),
     "xlm-roberta": Architecture("xlm-roberta", **_BERT_LIKE, layer_class="XLMRobertaLayer", offset=_padding_offset),
     "gpt2": Architecture(
-        "gpt2", embeddings="", table="wpe", self_attention="h.*.attn", causal=True,
-        qk_projections=(("c_attn", (0, 1)),), lora_targets=("c_attn",), conv1d=True, layer_class="GPT2Block",
+        "gpt2",
+        embeddings="",
+        table="wpe",
+        self_attention="h.*.attn",
+        causal=True,
+        qk_projections=(("c_attn", (0, 1)),),
+        lora_targets=("c_attn",),
+        conv1d=True,
+        layer_class="GPT2Block",
         first_norm="h.0.ln_1",
     ),
 }

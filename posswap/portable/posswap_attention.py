@@ -19,7 +19,7 @@ nothing from the posswap package.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -66,7 +66,9 @@ class BiasProvider(nn.Module):
     def score_term(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Callable:
         raise NotImplementedError
 
-    def features(self, q_pos: torch.Tensor, k_pos: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def features(
+        self, q_pos: torch.Tensor, k_pos: torch.Tensor, scaling: float
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         return None
 
 
@@ -76,7 +78,12 @@ KEY_POSITIONS = "posswap_key_positions"
 
 
 def bias_positions(
-    position_ids: torch.Tensor | None, q_len: int, k_len: int, device, offset: int = 0, kwargs: dict | None = None,
+    position_ids: torch.Tensor | None,
+    q_len: int,
+    k_len: int,
+    device,
+    offset: int = 0,
+    kwargs: dict | None = None,
     first_id: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Integer positions (batch or 1, q) and (batch or 1, k) of the queries and keys, less ``offset``.
@@ -102,7 +109,9 @@ def bias_positions(
         new = implicit if new is None else new
         cached = _cached_positions(state, past, new.shape[0], device)
         if cached is None:
-            if not torch.equal(new, implicit.expand_as(new)):  # CheckCachedPositions refuses this before the cache grows
+            if not torch.equal(
+                new, implicit.expand_as(new)
+            ):  # CheckCachedPositions refuses this before the cache grows
                 raise _unknown_jump(past, new, first_id)
             keys = torch.arange(first_id, k_len + first_id, device=device)[None]
         else:
@@ -117,7 +126,12 @@ def bias_positions(
 def _cached_positions(state, past: int, batch: int, device) -> torch.Tensor | None:
     """Recorded positions of the first ``past`` keys of the call's cache (a cropped cache keeps a prefix), or None."""
     stored = getattr(getattr(state, "cache", None), KEY_POSITIONS, None)
-    if not isinstance(stored, torch.Tensor) or stored.shape[-1] < past or stored.shape[0] not in (1, batch) and batch != 1:
+    if (
+        not isinstance(stored, torch.Tensor)
+        or stored.shape[-1] < past
+        or stored.shape[0] not in (1, batch)
+        and batch != 1
+    ):
         return None
     return stored[..., :past].to(device)
 
@@ -184,13 +198,17 @@ def additive_mask(module, query, key, attention_mask, kwargs: dict) -> torch.Ten
     provider: BiasProvider = module.posswap_bias
     position_ids = kwargs.get("position_ids")
     key_ = (attention_mask, position_ids, query.shape[2], key.shape[2], query.dtype)
-    return shared(kwargs, (provider, "mask"), key_, lambda: _build_mask(module, query, key, attention_mask, position_ids, kwargs))
+    return shared(
+        kwargs, (provider, "mask"), key_, lambda: _build_mask(module, query, key, attention_mask, position_ids, kwargs)
+    )
 
 
 def _build_mask(module, query, key, attention_mask, position_ids, kwargs) -> torch.Tensor:
     provider: BiasProvider = module.posswap_bias
     q_len, k_len = query.shape[2], key.shape[2]
-    positions = bias_positions(position_ids, q_len, k_len, query.device, provider.position_offset, kwargs, _first_id(module))
+    positions = bias_positions(
+        position_ids, q_len, k_len, query.device, provider.position_offset, kwargs, _first_id(module)
+    )
     bias = provider.bias(*positions).to(query.dtype)
     lowest = torch.finfo(query.dtype).min
     if attention_mask is None and module.is_causal and q_len > 1:
@@ -217,7 +235,9 @@ def with_features(module, query, key, scaling: float, kwargs: dict) -> tuple[tor
     position_ids = kwargs.get("position_ids")
 
     def build():
-        positions = bias_positions(position_ids, q_len, k_len, query.device, provider.position_offset, kwargs, _first_id(module))
+        positions = bias_positions(
+            position_ids, q_len, k_len, query.device, provider.position_offset, kwargs, _first_id(module)
+        )
         return tuple(f.to(query.dtype) for f in provider.features(*positions, scaling))
 
     key_ = (position_ids, q_len, k_len, scaling, query.dtype)
@@ -227,7 +247,9 @@ def with_features(module, query, key, scaling: float, kwargs: dict) -> tuple[tor
 
 def bias_sdpa_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     if not hasattr(module, "posswap_bias"):  # cross-attention: not patched, plain SDPA
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     scaling, head_dim = (query.shape[-1] ** -0.5 if scaling is None else scaling), value.shape[-1]
     mask = additive_mask(module, query, key, attention_mask, kwargs) if module.posswap_bias.has_bias else None
     query, key = with_features(module, query, key, scaling, kwargs)
@@ -235,7 +257,9 @@ def bias_sdpa_attention(module, query, key, value, attention_mask, dropout: floa
         # CPU's fused SDPA kernels want v as wide as q and k (else the math path, 3x slower): zeros, cut off after.
         value = F.pad(value, (0, query.shape[-1] - head_dim))
     if mask is None:  # features only: the model's own mask (or is_causal), as plain SDPA runs it
-        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        out, _ = sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
         return out[..., :head_dim].contiguous(), None
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
     return out[..., :head_dim].transpose(1, 2).contiguous(), None
@@ -244,7 +268,9 @@ def bias_sdpa_attention(module, query, key, value, attention_mask, dropout: floa
 def bias_eager_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """Reference implementation (tests, attention weights); not the hot path."""
     if not hasattr(module, "posswap_bias"):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     if module.posswap_bias.has_bias:
         mask = additive_mask(module, query, key, attention_mask, kwargs)
@@ -260,7 +286,9 @@ def bias_eager_attention(module, query, key, value, attention_mask, dropout: flo
 def bias_flex_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """flex_attention with the bias computed inside the kernel by ``score_mod``: no (batch, heads, q, k) tensor."""
     if not hasattr(module, "posswap_bias"):
-        return flex_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        return flex_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
     if dropout > 0:
         raise ValueError(
             "Backend 'flex' has no attention dropout. Set the model's attention dropout to 0 "
@@ -269,7 +297,9 @@ def bias_flex_attention(module, query, key, value, attention_mask, dropout: floa
     batch, _, q_len, _ = query.shape
     k_len = key.shape[2]
     if attention_mask is not None and not isinstance(attention_mask, BlockMask):
-        raise ValueError("Backend 'flex' needs the BlockMask transformers builds; got a tensor mask. Use backend='sdpa'.")
+        raise ValueError(
+            "Backend 'flex' needs the BlockMask transformers builds; got a tensor mask. Use backend='sdpa'."
+        )
     if attention_mask is None and module.is_causal and q_len > 1:
         attention_mask = flex_attention_mask(batch, q_len, k_len, q_offset=k_len - q_len, device=query.device)
     provider: BiasProvider = module.posswap_bias
@@ -309,7 +339,9 @@ def install_bias(
         object.__setattr__(attention, "posswap_first_id", first_id)  # the id of position 0 (RoBERTa: padding_idx + 1)
     install_call_state(base)  # each forward's bias and features live in that call's state
     if not find_hooks(base, KeepKeyPositions):
-        base.register_forward_pre_hook(CheckCachedPositions(first_id), with_kwargs=True)  # after StartCall: reads its state
+        base.register_forward_pre_hook(
+            CheckCachedPositions(first_id), with_kwargs=True
+        )  # after StartCall: reads its state
         base.register_forward_hook(KeepKeyPositions(), with_kwargs=True)
     model.set_attn_implementation(BIAS_IMPLEMENTATIONS[backend])
 

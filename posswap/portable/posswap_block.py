@@ -12,7 +12,8 @@ It travels with saved models (``posswap/portable``), so it imports nothing from 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .posswap_architectures import ARCHITECTURES
 
@@ -24,9 +25,15 @@ _MODES = ("copy", "linear", "cubic")
 
 def _integer(minimum: int, maximum: int | None = None) -> Callable[[Any, dict], str | None]:
     def check(value, block):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum is not None and value > maximum):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or value < minimum
+            or (maximum is not None and value > maximum)
+        ):
             return f"must be an integer >= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
         return None
+
     return check
 
 
@@ -40,12 +47,14 @@ def _number(above: float | None = None, minimum: float | None = None, optional: 
             bound = f" > {above}" if above is not None else f" >= {minimum}" if minimum is not None else ""
             return f"must be a finite number{bound}" + (" or null" if optional else "")
         return None
+
     return check
 
 
 def _choice(*choices):
     def check(value, block):
         return None if value in choices else f"must be one of {', '.join(map(repr, choices))}"
+
     return check
 
 
@@ -54,6 +63,7 @@ def _boolean(optional: bool = False):
         if isinstance(value, bool) or (optional and value is None):
             return None
         return "must be true or false" + (" (or null)" if optional else "")
+
     return check
 
 
@@ -79,19 +89,32 @@ def _text(value, block):
 _KEYS: dict[str, dict[str, tuple[bool, Callable]]] = {
     "interpolate": {"mode": (False, _choice(*_MODES))},
     "rope": {
-        "theta": (False, _number(above=1)), "rotary_dim": (False, _rotary_dim),
-        "scaling": (False, _choice(None, "linear", "dynamic", "yarn")), "factor": (False, _number(minimum=1, optional=True)),
-        "absolute": (False, _choice(*_ABSOLUTE)), "backend": (False, _choice(*_BACKENDS)),
+        "theta": (False, _number(above=1)),
+        "rotary_dim": (False, _rotary_dim),
+        "scaling": (False, _choice(None, "linear", "dynamic", "yarn")),
+        "factor": (False, _number(minimum=1, optional=True)),
+        "absolute": (False, _choice(*_ABSOLUTE)),
+        "backend": (False, _choice(*_BACKENDS)),
     },
-    "alibi": {"symmetric": (False, _boolean(optional=True)), "absolute": (False, _choice(*_ABSOLUTE)), "backend": (False, _choice(*_BACKENDS))},
+    "alibi": {
+        "symmetric": (False, _boolean(optional=True)),
+        "absolute": (False, _choice(*_ABSOLUTE)),
+        "backend": (False, _choice(*_BACKENDS)),
+    },
     "sinusoidal": {"base": (True, _number(above=1)), "scale": (True, _number(above=0))},
     "nope": {},
     "t5-bias": {
-        "num_buckets": (True, _integer(4, 65536)), "max_distance": (True, _max_distance), "per_layer": (False, _boolean()),
-        "absolute": (False, _choice(*_ABSOLUTE)), "init": (False, _choice("zeros", "fit")), "backend": (False, _choice(*_BACKENDS)),
+        "num_buckets": (True, _integer(4, 65536)),
+        "max_distance": (True, _max_distance),
+        "per_layer": (False, _boolean()),
+        "absolute": (False, _choice(*_ABSOLUTE)),
+        "init": (False, _choice("zeros", "fit")),
+        "backend": (False, _choice(*_BACKENDS)),
     },
     "tupe": {
-        "cls_reset": (True, _boolean()), "relative": (False, _boolean()), "mode": (False, _choice(*_MODES)),
+        "cls_reset": (True, _boolean()),
+        "relative": (False, _boolean()),
+        "mode": (False, _choice(*_MODES)),
         "backend": (False, _choice(*_BACKENDS)),
     },
 }
@@ -113,7 +136,11 @@ def check_block(block: Any, where: str, config: Any = None) -> None:
     if block is None:
         return
     if not isinstance(block, dict) or any(key not in block for key in CORE_KEYS):
-        got = f"a mapping without {', '.join(k for k in CORE_KEYS if k not in block)}" if isinstance(block, dict) else type(block).__name__
+        got = (
+            f"a mapping without {', '.join(k for k in CORE_KEYS if k not in block)}"
+            if isinstance(block, dict)
+            else type(block).__name__
+        )
         raise ValueError(
             f"{where}/config.json: the 'posswap' block must be a mapping with {', '.join(CORE_KEYS)} "
             f"(as posswap.patch writes it); got {got}. Re-save the model with posswap, or delete the block to load it unpatched."
@@ -124,7 +151,10 @@ def check_block(block: Any, where: str, config: Any = None) -> None:
     keys = {**_COMMON, **_KEYS[method]}
     unknown = sorted(set(block) - set(keys) - {"method"})
     if unknown:
-        raise _fail(where, f"({method}) has unknown key(s) {', '.join(map(repr, unknown))}; its keys are {', '.join(sorted(keys))}")
+        raise _fail(
+            where,
+            f"({method}) has unknown key(s) {', '.join(map(repr, unknown))}; its keys are {', '.join(sorted(keys))}",
+        )
     for key, (required, check) in keys.items():
         if key not in block:
             if required:
@@ -175,7 +205,9 @@ def weights_mismatch(model_class: type, name_or_path: str, kwargs: dict) -> str 
             config = model_class.config_class.from_pretrained(name_or_path, **hub)
         with torch.device("meta"):
             expected = {k: tuple(v.shape) for k, v in model_class(config).state_dict().items()}
-        index = cached_file(name_or_path, "model.safetensors.index.json", _raise_exceptions_for_missing_entries=False, **hub)
+        index = cached_file(
+            name_or_path, "model.safetensors.index.json", _raise_exceptions_for_missing_entries=False, **hub
+        )
         files = sorted(set(json.loads(open(index).read())["weight_map"].values())) if index else ["model.safetensors"]
         saved = {}
         for name in files:

@@ -25,8 +25,8 @@ import os
 import re
 import secrets
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from filelock import FileLock, Timeout
 
@@ -35,7 +35,9 @@ _OURS = re.compile(rf"^\.(?P<name>.+)\.(?P<kind>{STAGING}|{RETIRED})-(?P<pid>\d+
 _LOCK_NAME = re.compile(rf"^\..+\.{LOCK}$")
 # Weight files of a model saved earlier into a folder: a new save supersedes them all (transformers itself leaves
 # e.g. an old model.safetensors beside a new sharded save, and loads the old one).
-_WEIGHTS = re.compile(r"^(model|pytorch_model|tf_model|flax_model)([.-].*)?\.(safetensors|bin|h5|msgpack)(\.index\.json)?$")
+_WEIGHTS = re.compile(
+    r"^(model|pytorch_model|tf_model|flax_model)([.-].*)?\.(safetensors|bin|h5|msgpack)(\.index\.json)?$"
+)
 
 
 def absolute(path: str | os.PathLike) -> Path:
@@ -188,6 +190,7 @@ def _running(pid: int) -> bool:
 
 # -- save_pretrained of a patched model ---------------------------------------------------------------------------
 
+
 class AtomicSave:
     """``model.save_pretrained`` for a patched model: transformers' own method writes into a staging folder beside
     the target, which then replaces it, under the target's lock. A kill at any moment leaves the earlier folder as
@@ -208,8 +211,12 @@ class AtomicSave:
         extra = arguments.get("kwargs", {})
         target = Path(os.path.realpath(os.path.expanduser(str(save_directory))))  # a link: the folder it names
         direct = (
-            arguments.get("push_to_hub") or arguments.get("distributed_checkpoint") or extra.get("push_to_hub")
-            or not arguments.get("is_main_process", True) or target.is_file() or is_staging(target)
+            arguments.get("push_to_hub")
+            or arguments.get("distributed_checkpoint")
+            or extra.get("push_to_hub")
+            or not arguments.get("is_main_process", True)
+            or target.is_file()
+            or is_staging(target)
         )
         if direct:  # transformers' own handling (upload, sharded writes on every rank, errors); or already staged
             return save(model, save_directory, *args, **kwargs)
@@ -245,7 +252,12 @@ def _keep_other_files(old: Path, new: Path) -> None:
     """Put what ``old`` holds besides the model (tokenizer, card, the user's files) into ``new``: hard links where
     possible (no copy of large files; the old names go with the old folder), else copies."""
     for entry in old.iterdir():
-        if os.path.lexists(new / entry.name) or _WEIGHTS.match(entry.name) or _OURS.match(entry.name) or _stale_lock(entry):
+        if (
+            os.path.lexists(new / entry.name)
+            or _WEIGHTS.match(entry.name)
+            or _OURS.match(entry.name)
+            or _stale_lock(entry)
+        ):
             continue
         if entry.is_symlink():
             os.symlink(os.readlink(entry), new / entry.name)

@@ -83,8 +83,11 @@ def rope_frequencies(
     parameters.update(extra or {})
     # A Llama config is the carrier transformers' rope functions read their parameters from.
     config = LlamaConfig(
-        hidden_size=head_dim, num_attention_heads=1, head_dim=head_dim,
-        max_position_embeddings=original_length, rope_parameters=parameters,
+        hidden_size=head_dim,
+        num_attention_heads=1,
+        head_dim=head_dim,
+        max_position_embeddings=original_length,
+        rope_parameters=parameters,
     )
     return ROPE_INIT_FUNCTIONS[rope_type](config, device=None, seq_len=seq_len)
 
@@ -96,7 +99,9 @@ def no_autocast(device_type: str):
     return contextlib.nullcontext()
 
 
-def rotary_cos_sin(inv_freq: torch.Tensor, position_ids: torch.Tensor, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_cos_sin(
+    inv_freq: torch.Tensor, position_ids: torch.Tensor, scale: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin, (batch, length, rotary_dim), fp32 whatever autocast says: positions times frequencies
     lose precision in half precision long before 4k."""
     with no_autocast(position_ids.device.type):
@@ -116,6 +121,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
         rotated, passed = x[..., :rotary_dim].float(), x[..., rotary_dim:]
         rotated = rotated * cos + rotate_half(rotated) * sin
         return torch.cat((rotated.to(x.dtype), passed), dim=-1) if passed.shape[-1] else rotated.to(x.dtype)
+
+
 def alibi_slopes(num_heads: int) -> torch.Tensor:
     """Per-head ALiBi slopes (Press et al., "Train Short, Test Long"), float32, shape (num_heads,).
 
@@ -138,7 +145,9 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float32)
 
 
-def alibi_bias(slopes: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor, symmetric: bool) -> torch.Tensor:
+def alibi_bias(
+    slopes: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor, symmetric: bool
+) -> torch.Tensor:
     """The additive ALiBi bias, shape (..., heads, q, k), in ``slopes``' dtype.
 
     ``q_positions`` (..., q) and ``k_positions`` (..., k) are integer positions (leading dims broadcast).

@@ -47,7 +47,9 @@ def resolve_rotary_dim(rotary_dim: float | int | None, head_dim: int) -> int:
         return head_dim
     dims = int(round(rotary_dim * head_dim)) if isinstance(rotary_dim, float) else rotary_dim
     if dims % 2 or not 0 < dims <= head_dim:
-        raise ValueError(f"rotary_dim={rotary_dim!r} gives {dims} of {head_dim} head dims; it must be even and at most {head_dim}.")
+        raise ValueError(
+            f"rotary_dim={rotary_dim!r} gives {dims} of {head_dim} head dims; it must be even and at most {head_dim}."
+        )
     return dims
 
 
@@ -132,8 +134,12 @@ class PrepareRotation:
             cache = kwargs.get("past_key_values")
             past = cache.get_seq_length(getattr(attention, "layer_idx", None) or 0) if cache is not None else 0
             key = (past, hidden.shape[1], hidden.device)
-            cos_sin = shared(kwargs, self.rotary, key, lambda: self.rotary.cos_sin(
-                torch.arange(past, past + hidden.shape[1], device=hidden.device)[None]))
+            cos_sin = shared(
+                kwargs,
+                self.rotary,
+                key,
+                lambda: self.rotary.cos_sin(torch.arange(past, past + hidden.shape[1], device=hidden.device)[None]),
+            )
         else:
             cos_sin = shared(kwargs, self.rotary, (positions,), lambda: self.rotary.cos_sin(positions))
         table = _handoff()

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 from torch import nn
 
-from .posswap_architectures import Sites, find_sites
 from .posswap_alibi import AlibiBias
+from .posswap_architectures import Sites, find_sites
 from .posswap_attention import PLAIN_IMPLEMENTATIONS, install_bias
 from .posswap_block import check_block, describe
 from .posswap_files import install_atomic_save
 from .posswap_guard import install_length_guard
 from .posswap_rotary import install_rotary
-from .posswap_tables import NoPositions, SinusoidalPositions
 from .posswap_t5 import T5Buckets
+from .posswap_tables import NoPositions, SinusoidalPositions
 from .posswap_tupe import TupeBias
 
 
@@ -68,7 +68,9 @@ def _install_tupe(model: nn.Module, sites: Sites, block: dict) -> None:
     # TUPE-R: T5's buckets as the paper uses them (32 buckets, max distance 128), causal for decoders.
     relative = T5Buckets(heads, 32, 128, bidirectional=not sites.arch.causal) if block.get("relative") else None
     table_dim = sites.table_dim  # NoPositions keeps the dropped table's width
-    provider = TupeBias(heads, table_dim, config.hidden_size, block["max_length"], sites.offset, block["cls_reset"], relative)
+    provider = TupeBias(
+        heads, table_dim, config.hidden_size, block["max_length"], sites.offset, block["cls_reset"], relative
+    )
     install_bias(model, sites.base, sites.self_attentions(), [provider], block.get("backend") or "sdpa", sites.offset)
 
 

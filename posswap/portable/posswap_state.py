@@ -18,7 +18,8 @@ It travels with saved models (``posswap/portable``), so it imports nothing from 
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn

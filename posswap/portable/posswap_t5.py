@@ -9,7 +9,7 @@ It travels with saved models (``posswap/portable``), so it imports nothing from 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -18,7 +18,9 @@ from transformers.models.t5.modeling_t5 import T5Attention
 from .posswap_attention import BiasProvider
 
 
-def t5_buckets(relative_position: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
+def t5_buckets(
+    relative_position: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int
+) -> torch.Tensor:
     """Bucket of each ``key - query`` distance: T5's function, reused as it is."""
     return T5Attention._relative_position_bucket(relative_position, bidirectional, num_buckets, max_distance)
 
@@ -36,7 +38,9 @@ class T5Buckets(BiasProvider):
     def per_distance(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> tuple[torch.Tensor, int]:
         """(heads, 2 * span - 1) fp32 biases, one column per key-minus-query distance from -(span - 1) on, and the
         column of distance 0. The bucket function runs on these few distances, not on every (q, k) pair."""
-        if q_pos.device.type == "meta":  # no values to read: a span that holds any distance of these lengths (shapes only)
+        if (
+            q_pos.device.type == "meta"
+        ):  # no values to read: a span that holds any distance of these lengths (shapes only)
             span = q_pos.shape[-1] + k_pos.shape[-1]
         else:
             span = int(max(q_pos.max(), k_pos.max()) - min(q_pos.min(), k_pos.min())) + 1

@@ -59,4 +59,6 @@ class SinusoidalPositions(nn.Module):
         return self.table(position_ids.device)[position_ids].to(self.dtype_probe.dtype)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, rows={self.rows}, offset={self.offset}, base={self.base}, scale={self.scale:.4g} (fixed)"
+        return (
+            f"dim={self.dim}, rows={self.rows}, offset={self.offset}, base={self.base}, scale={self.scale:.4g} (fixed)"
+        )

@@ -18,7 +18,7 @@ It travels with saved models (``posswap/portable``), so it imports nothing from 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -38,11 +38,24 @@ class TupeBias(BiasProvider):
     ``T5Buckets`` provider (TUPE-R) that gives the dense bias / score_mod term.
     """
 
-    def __init__(self, num_heads: int, table_dim: int, hidden: int, max_length: int, offset: int,
-                 cls_reset: bool, relative: BiasProvider | None = None):
+    def __init__(
+        self,
+        num_heads: int,
+        table_dim: int,
+        hidden: int,
+        max_length: int,
+        offset: int,
+        cls_reset: bool,
+        relative: BiasProvider | None = None,
+    ):
         super().__init__()
         self.num_heads, self.head_dim, self.position_offset = num_heads, hidden // num_heads, offset
-        self.cls_reset, self.relative, self.has_bias, self.has_features = cls_reset, relative, relative is not None, True
+        self.cls_reset, self.relative, self.has_bias, self.has_features = (
+            cls_reset,
+            relative,
+            relative is not None,
+            True,
+        )
         self.positions = nn.Parameter(torch.empty(max_length, table_dim))
         self.query = nn.Parameter(torch.empty(table_dim, hidden))
         self.key = nn.Parameter(torch.empty(table_dim, hidden))
@@ -79,7 +92,10 @@ class TupeBias(BiasProvider):
         to_cls = torch.where(q0, theta1, theta2)
         to_others = torch.where(q0, theta1, torch.zeros_like(theta1))
         fq = torch.cat([fq.masked_fill(q0, 0), to_cls, to_others], dim=-1)
-        fk = torch.cat([fk.masked_fill(k0, 0), k0.float().expand(*fk.shape[:-1], 1), (~k0).float().expand(*fk.shape[:-1], 1)], dim=-1)
+        fk = torch.cat(
+            [fk.masked_fill(k0, 0), k0.float().expand(*fk.shape[:-1], 1), (~k0).float().expand(*fk.shape[:-1], 1)],
+            dim=-1,
+        )
         return fq, fk
 
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:

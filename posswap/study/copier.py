@@ -40,7 +40,9 @@ class CopierRecipe:
     seed: int = 0
 
 
-def tiled_windows(count: int, length: int, period: tuple[int, int], vocab: int, generator: torch.Generator) -> torch.Tensor:
+def tiled_windows(
+    count: int, length: int, period: tuple[int, int], vocab: int, generator: torch.Generator
+) -> torch.Tensor:
     """``count`` windows of ``length`` ids; window i is a block of k_i random ids (k_i uniform in ``period``,
     both ends included) repeated to fill it, so position j holds the block's id j mod k_i."""
     low, high = period
@@ -56,8 +58,16 @@ def new_copier(recipe: CopierRecipe):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
-        vocab_size=recipe.vocab, n_positions=recipe.length, n_embd=recipe.n_embd, n_layer=recipe.n_layer, n_head=recipe.n_head,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+        vocab_size=recipe.vocab,
+        n_positions=recipe.length,
+        n_embd=recipe.n_embd,
+        n_layer=recipe.n_layer,
+        n_head=recipe.n_head,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     torch.manual_seed(recipe.seed)
     model = GPT2LMHeadModel(config)
@@ -98,7 +108,13 @@ def train_copier(recipe: CopierRecipe, steps: int | None = None, progress: bool 
     losses = []
     with tqdm(range(steps), desc="copier: learning to copy", disable=not progress) as bar:
         for _ in bar:
-            losses.append(train_step(model, optimizer, tiled_windows(recipe.batch_size, recipe.length, recipe.period, recipe.vocab, generator)))
+            losses.append(
+                train_step(
+                    model,
+                    optimizer,
+                    tiled_windows(recipe.batch_size, recipe.length, recipe.period, recipe.vocab, generator),
+                )
+            )
             bar.set_postfix(loss=f"{losses[-1]:.2f}", refresh=False)
     return model.eval(), losses
 
@@ -110,7 +126,11 @@ def fingerprint(recipe: CopierRecipe) -> dict:
     """What the recipe's first steps give: their losses and the sum of |weights| after them. Recorded beside a
     shipped copier, recomputed by a test: the recipe in the code is the one that made the shipped weights."""
     model, losses = train_copier(recipe, steps=FINGERPRINT_STEPS, progress=False)
-    return {"steps": FINGERPRINT_STEPS, "losses": losses, "weight_abs_sum": sum(p.detach().abs().sum().item() for p in model.parameters())}
+    return {
+        "steps": FINGERPRINT_STEPS,
+        "losses": losses,
+        "weight_abs_sum": sum(p.detach().abs().sum().item() for p in model.parameters()),
+    }
 
 
 def load_copier(folder: Path, recipe: CopierRecipe):
@@ -143,8 +163,14 @@ def quiet_transformers():
 SHIPPED = Path(__file__).resolve().parent.parent / "data" / "copier"  # the default recipe's copier, as built here
 
 
-def copier(folder: Path, recipe: CopierRecipe = CopierRecipe(), check=None, progress: bool = True, shipped: bool = True,
-           rebuild: bool = False):
+def copier(
+    folder: Path,
+    recipe: CopierRecipe = CopierRecipe(),
+    check=None,
+    progress: bool = True,
+    shipped: bool = True,
+    rebuild: bool = False,
+):
     """The copier of ``recipe``, kept in ``folder``: found there (unless ``rebuild``); else, with ``shipped``, the
     one posswap ships when that recipe made it; else trained (bit-identical to the shipped one on 2 CPU threads).
     A new one is checked with ``check(model)`` (returns what it measured; raises when the model does not copy)

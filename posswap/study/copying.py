@@ -63,7 +63,9 @@ class CopyingSpec:
     untrained_rows: tuple[str, ...] = ()  # the summary also shows these variants at step 0
     copier: CopierRecipe = CopierRecipe()
     copier_min_drop: float = MIN_COPY  # the copier's check (a toy copier in a test cannot copy)
-    shipped_copier: bool = True  # start from the copier posswap ships; False: train it from its recipe (once per work folder)
+    shipped_copier: bool = (
+        True  # start from the copier posswap ships; False: train it from its recipe (once per work folder)
+    )
 
     @property
     def length(self) -> int:
@@ -95,23 +97,36 @@ def variant_config(name: str, length: int) -> dict:
     if name in ROPE_RECIPES:
         return {**variant_patch("rope", length), **ROPE_RECIPES[name][0]}
     if name not in VARIANTS:
-        raise ValueError(f"Unknown study variant {name!r}; choose from {', '.join([*COPYING_VARIANTS, *ROPE_RECIPES])}.")
+        raise ValueError(
+            f"Unknown study variant {name!r}; choose from {', '.join([*COPYING_VARIANTS, *ROPE_RECIPES])}."
+        )
     return variant_patch(name, length)
 
 
-def narrowed(spec: CopyingSpec, variants: list[str] | None = None, steps: int | None = None, lr: float | None = None,
-             baseline: bool = True, seeds: int | None = None) -> CopyingSpec:
+def narrowed(
+    spec: CopyingSpec,
+    variants: list[str] | None = None,
+    steps: int | None = None,
+    lr: float | None = None,
+    baseline: bool = True,
+    seeds: int | None = None,
+) -> CopyingSpec:
     """``spec`` with the command line's choices, checked before anything trains."""
     if variants:
-        spec = replace(spec, variants=tuple(variants), untrained_rows=tuple(n for n in spec.untrained_rows if n in variants))
+        spec = replace(
+            spec, variants=tuple(variants), untrained_rows=tuple(n for n in spec.untrained_rows if n in variants)
+        )
     if steps is not None:
         check_number("--steps", steps, minimum=1, integer=True)
         spec = replace(spec, steps=steps, probe_every=min(spec.probe_every, steps))
     if lr is not None:
         check_number("--lr", lr, above=0)
         # every variant's rate, a RoPE recipe's own included (its position_lr stays)
-        spec = replace(spec, schedule=replace(spec.schedule, lr=lr),
-                       schedules={n: replace(spec.schedule_of(n), lr=lr) for n in spec.variants})
+        spec = replace(
+            spec,
+            schedule=replace(spec.schedule, lr=lr),
+            schedules={n: replace(spec.schedule_of(n), lr=lr) for n in spec.variants},
+        )
     if seeds is not None:
         check_number("--seeds", seeds, minimum=1, integer=True)
         spec = replace(spec, seeds=tuple(range(seeds)))
@@ -141,8 +156,16 @@ def probe_stream(spec: CopyingSpec) -> torch.Tensor:
 def probe(model, spec: CopyingSpec, distances: list[int], seed: int) -> dict:
     from ..evaluation.repeat import repeat_probe
 
-    found = repeat_probe(model, None, probe_stream(spec), span=spec.span, distances=distances, spans_per_distance=spec.spans,
-                         seed=PROBE_SEED_SALT + seed, progress=False)
+    found = repeat_probe(
+        model,
+        None,
+        probe_stream(spec),
+        span=spec.span,
+        distances=distances,
+        spans_per_distance=spec.spans,
+        seed=PROBE_SEED_SALT + seed,
+        progress=False,
+    )
     return {key: found[key] for key in ("drop", "drop_se")}
 
 
@@ -152,8 +175,10 @@ def check_copier(model, spec: CopyingSpec) -> dict:
     found = {"multiples": list(CHECK_MULTIPLES), **probe(model, spec, distances, seed=0)}
     short = [f"{d:.2f} at {m:g}x" for d, m in zip(found["drop"], CHECK_MULTIPLES) if d < spec.copier_min_drop]
     if short:
-        raise ValueError(f"The copier does not copy: its drop on a repeated span is {', '.join(short)}, below {spec.copier_min_drop:g} nats "
-                         "inside its own window; nothing was trained on it. Train it longer (copier steps) and run again.")
+        raise ValueError(
+            f"The copier does not copy: its drop on a repeated span is {', '.join(short)}, below {spec.copier_min_drop:g} nats "
+            "inside its own window; nothing was trained on it. Train it longer (copier steps) and run again."
+        )
     return found
 
 
@@ -162,9 +187,14 @@ def check_copier(model, spec: CopyingSpec) -> dict:
 
 def run_key(spec: CopyingSpec, name: str, seed: int) -> dict:
     """Everything a run's result depends on: found again in the work folder, it is not run twice."""
-    return {"variant": name, "seed": seed, "patch": None if name == BASELINE else variant_config(name, spec.length),
-            "schedule": asdict(spec.schedule_of(name)), "copier": asdict(spec.copier),
-            **{k: getattr(spec, k) for k in ("steps", "batch_size", "probe_every", "span", "spans")}}
+    return {
+        "variant": name,
+        "seed": seed,
+        "patch": None if name == BASELINE else variant_config(name, spec.length),
+        "schedule": asdict(spec.schedule_of(name)),
+        "copier": asdict(spec.copier),
+        **{k: getattr(spec, k) for k in ("steps", "batch_size", "probe_every", "span", "spans")},
+    }
 
 
 def train_and_probe(base, spec: CopyingSpec, name: str, seed: int) -> dict:
@@ -192,7 +222,12 @@ def train_and_probe(base, spec: CopyingSpec, name: str, seed: int) -> dict:
         if step % spec.probe_every == 0 or step == spec.steps:
             curve.append({"step": step, **probe(model, spec, distances, seed)})
     attention["trained"] = layer0_attention(model, spec)
-    return {"key": run_key(spec, name, seed), "train_seconds": round(seconds, 1), "curve": curve, "layer0_attention": attention}
+    return {
+        "key": run_key(spec, name, seed),
+        "train_seconds": round(seconds, 1),
+        "curve": curve,
+        "layer0_attention": attention,
+    }
 
 
 ATTENTION_DISTANCE = 16  # offsets shown for the layer-0 heads: the previous-token head lives at 1
@@ -258,7 +293,9 @@ def run_all(spec: CopyingSpec, base_folder: Path, work: Path, jobs: int, progres
 # --- the study ------------------------------------------------------------------------------------------------
 
 
-def run_copying(spec: CopyingSpec, work: Path, out: Path, jobs: int = 2, progress: bool = True, rebuild_copier: bool = False) -> dict:
+def run_copying(
+    spec: CopyingSpec, work: Path, out: Path, jobs: int = 2, progress: bool = True, rebuild_copier: bool = False
+) -> dict:
     """The copier (found in ``work``, else the shipped one if the spec says so, else trained there;
     ``rebuild_copier``: trained in any case), checked; every run; then ``out``/copying.json and its summary and
     pictures. Returns the results dict."""
@@ -268,16 +305,31 @@ def run_copying(spec: CopyingSpec, work: Path, out: Path, jobs: int = 2, progres
     started = time.perf_counter()
     base_folder = Path(work) / "copier"
     clock = time.perf_counter()
-    base, record = copier(base_folder, spec.copier, check=lambda model: check_copier(model, spec), progress=progress,
-                          shipped=spec.shipped_copier, rebuild=rebuild_copier)
+    base, record = copier(
+        base_folder,
+        spec.copier,
+        check=lambda model: check_copier(model, spec),
+        progress=progress,
+        shipped=spec.shipped_copier,
+        rebuild=rebuild_copier,
+    )
     base_seconds = time.perf_counter() - clock
     runs = run_all(spec, base_folder, Path(work), jobs, progress)
-    untrained = {name: probe(_patched(base, name, spec), spec, spec.distances(), seed=spec.seeds[0]) for name in spec.untrained_rows}
+    untrained = {
+        name: probe(_patched(base, name, spec), spec, spec.distances(), seed=spec.seeds[0])
+        for name in spec.untrained_rows
+    }
     results = {
-        "spec": json.loads(json.dumps(asdict(spec))), "multiples": list(MULTIPLES), "distances": spec.distances(),
-        "target_multiple": TARGET, "min_copy": MIN_COPY, "copier": record,
-        "original": probe(base, spec, spec.distances(), seed=spec.seeds[0]), "original_attention": layer0_attention(base, spec),
-        "untrained": untrained, "runs": runs,
+        "spec": json.loads(json.dumps(asdict(spec))),
+        "multiples": list(MULTIPLES),
+        "distances": spec.distances(),
+        "target_multiple": TARGET,
+        "min_copy": MIN_COPY,
+        "copier": record,
+        "original": probe(base, spec, spec.distances(), seed=spec.seeds[0]),
+        "original_attention": layer0_attention(base, spec),
+        "untrained": untrained,
+        "runs": runs,
         "timings_s": {"copier": round(base_seconds, 1), "all": round(time.perf_counter() - started, 1)},
     }
     write_json(out / "copying.json", results, indent=1)
@@ -301,11 +353,33 @@ def mean_and_std(values: list[float]) -> tuple[float, float | None]:
 # The full copying study: every variant, three seeds, an equal budget (100 steps of 8 x 1024 tokens).
 COPYING = CopyingSpec(name="copying", variants=COPYING_VARIANTS, steps=100)
 # What lets RoPE copy again: the recipes, longer (300 steps), one seed each.
-ROPE = CopyingSpec(name="rope", variants=("rope", "rope-keep", *ROPE_RECIPES), steps=300, probe_every=50, seeds=(0,), baseline=False)
+ROPE = CopyingSpec(
+    name="rope", variants=("rope", "rope-keep", *ROPE_RECIPES), steps=300, probe_every=50, seeds=(0,), baseline=False
+)
 # The README's main command: the copier trained from its recipe (base included, as a newcomer should see it), then
 # the best method and RoPE trained briefly, one seed (its timings: results/mini/copying.json).
-MINI = CopyingSpec(name="mini", variants=("t5-bias-fit", "rope"), steps=40, probe_every=20, seeds=(0,), baseline=False,
-                   untrained_rows=("t5-bias-fit",), shipped_copier=False)
+MINI = CopyingSpec(
+    name="mini",
+    variants=("t5-bias-fit", "rope"),
+    steps=40,
+    probe_every=20,
+    seeds=(0,),
+    baseline=False,
+    untrained_rows=("t5-bias-fit",),
+    shipped_copier=False,
+)
 COPYING_PRESETS = {"mini": MINI, "copying": COPYING, "copying-rope": ROPE}
 
-__all__ = ["BASELINE", "COPYING", "COPYING_PRESETS", "COPYING_VARIANTS", "CopyingSpec", "MINI", "MIN_COPY", "MULTIPLES", "Schedule", "run_copying", "variant_config"]
+__all__ = [
+    "BASELINE",
+    "COPYING",
+    "COPYING_PRESETS",
+    "COPYING_VARIANTS",
+    "CopyingSpec",
+    "MINI",
+    "MIN_COPY",
+    "MULTIPLES",
+    "Schedule",
+    "run_copying",
+    "variant_config",
+]

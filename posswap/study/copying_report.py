@@ -50,10 +50,19 @@ def copying_table(results: dict) -> list[str]:
     spec, multiples = results["spec"], results["multiples"]
     target, level, steps = results["target_multiple"], results["min_copy"], spec["steps"]
     at, near = multiples.index(target), multiples.index(NEAR)
-    header = ["model", *[f"d = {m:g}x" for m in multiples], f"{target:g}x at step 0", f"first step ≥ {level:g} at {NEAR:g}x",
-              f"first step ≥ {level:g} at {target:g}x"]
+    header = [
+        "model",
+        *[f"d = {m:g}x" for m in multiples],
+        f"{target:g}x at step 0",
+        f"first step ≥ {level:g} at {NEAR:g}x",
+        f"first step ≥ {level:g} at {target:g}x",
+    ]
     blank = [""] * 3
-    lines = [_row(header), _row(["---"] * len(header)), _row([f"{ORIGINAL} (untrained)", *[f"{d:.2f}" for d in results["original"]["drop"]], *blank])]
+    lines = [
+        _row(header),
+        _row(["---"] * len(header)),
+        _row([f"{ORIGINAL} (untrained)", *[f"{d:.2f}" for d in results["original"]["drop"]], *blank]),
+    ]
     for name, untrained in results.get("untrained", {}).items():
         lines.append(_row([f"{name} (step 0)", *[f"{d:.2f}" for d in untrained["drop"]], *blank]))
     for name in ranked_names(results):
@@ -61,8 +70,16 @@ def copying_table(results: dict) -> list[str]:
         final = seeds_at(runs, -1)
         reached = [first_step(runs, i, level) for i in (near, at)]
         label = f"{name} ({steps} steps)" if name != BASELINE else f"{BASELINE} ({steps} steps at 1x)"
-        lines.append(_row([label, *[cell([seed[i] for seed in final]) for i in range(len(multiples))],
-                           cell([seed[at] for seed in seeds_at(runs, 0)]), *[f"not within {steps}" if r is None else r for r in reached]]))
+        lines.append(
+            _row(
+                [
+                    label,
+                    *[cell([seed[i] for seed in final]) for i in range(len(multiples))],
+                    cell([seed[at] for seed in seeds_at(runs, 0)]),
+                    *[f"not within {steps}" if r is None else r for r in reached],
+                ]
+            )
+        )
     return lines
 
 
@@ -71,19 +88,30 @@ def summary(results: dict) -> str:
     seeds = len(spec["seeds"])
     length = copier["length"]
     check = (results["copier"].get("check") or {}).get("drop")
-    return "\n".join([
-        f"### Copying study: every method on the copier, {length} → {4 * length} positions", "",
-        f"The copier: a {copier['n_layer']}-layer GPT-2 ({copier['n_embd']} wide, {length} learned positions, {copier['vocab']} random ids) "
-        f"trained {copier['steps']} steps to copy" + (f"; its drop at 0.25/0.5/0.75x: {' / '.join(f'{d:.2f}' for d in check)} nats" if check else "") + ". "
-        f"Each variant: patched (tables to {4 * length}, the rest to {8 * length}), trained {spec['steps']} steps of "
-        f"{spec['batch_size']} x {4 * length} tiled random ids"
-        + (f"; `{BASELINE}`: the same tokens at {length}, read with a sliding window. " if spec["baseline"] else ". ")
-        + "The original reads past its window with a sliding window. "
-        f"Probe: a span of {spec['span']} random ids, d random ids, the span again; the loss drop on the repeat in nats "
-        f"(perfect copying: {math.log(copier['vocab']):.2f}), mean over {spec['spans']} spans"
-        + (f", ± standard deviation over {seeds} seeds (training order and probe draws)." if seeds > 1 else "."), "",
-        *copying_table(results), "",
-    ])
+    return "\n".join(
+        [
+            f"### Copying study: every method on the copier, {length} → {4 * length} positions",
+            "",
+            f"The copier: a {copier['n_layer']}-layer GPT-2 ({copier['n_embd']} wide, {length} learned positions, {copier['vocab']} random ids) "
+            f"trained {copier['steps']} steps to copy"
+            + (f"; its drop at 0.25/0.5/0.75x: {' / '.join(f'{d:.2f}' for d in check)} nats" if check else "")
+            + ". "
+            f"Each variant: patched (tables to {4 * length}, the rest to {8 * length}), trained {spec['steps']} steps of "
+            f"{spec['batch_size']} x {4 * length} tiled random ids"
+            + (
+                f"; `{BASELINE}`: the same tokens at {length}, read with a sliding window. "
+                if spec["baseline"]
+                else ". "
+            )
+            + "The original reads past its window with a sliding window. "
+            f"Probe: a span of {spec['span']} random ids, d random ids, the span again; the loss drop on the repeat in nats "
+            f"(perfect copying: {math.log(copier['vocab']):.2f}), mean over {spec['spans']} spans"
+            + (f", ± standard deviation over {seeds} seeds (training order and probe draws)." if seeds > 1 else "."),
+            "",
+            *copying_table(results),
+            "",
+        ]
+    )
 
 
 # --- pictures -------------------------------------------------------------------------------------------------
@@ -100,8 +128,18 @@ def plot_probe(results: dict, path: Path) -> Path:
     names, multiples = ranked_names(results), results["multiples"]
     colours = _colours(names)
     figure, axes = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
-    for axis, index, title in ((axes[0], 0, "right after the patch"), (axes[1], -1, f"after {results['spec']['steps']} steps at 4x")):
-        axis.plot(multiples, results["original"]["drop"], color="black", marker="s", linewidth=2, label=f"{ORIGINAL} (sliding window)")
+    for axis, index, title in (
+        (axes[0], 0, "right after the patch"),
+        (axes[1], -1, f"after {results['spec']['steps']} steps at 4x"),
+    ):
+        axis.plot(
+            multiples,
+            results["original"]["drop"],
+            color="black",
+            marker="s",
+            linewidth=2,
+            label=f"{ORIGINAL} (sliding window)",
+        )
         for name in names:
             final = seeds_at(results["runs"][name], index)
             means = [sum(s[i] for s in final) / len(final) for i in range(len(multiples))]
@@ -130,7 +168,13 @@ def plot_steps(results: dict, path: Path) -> Path:
         means = [m for m, _ in stats]
         spread = [sd or 0.0 for _, sd in stats]
         axis.plot(steps, means, marker="o", markersize=3, color=colours[name], label=name)
-        axis.fill_between(steps, [m - s for m, s in zip(means, spread)], [m + s for m, s in zip(means, spread)], color=colours[name], alpha=0.15)
+        axis.fill_between(
+            steps,
+            [m - s for m, s in zip(means, spread)],
+            [m + s for m, s in zip(means, spread)],
+            color=colours[name],
+            alpha=0.15,
+        )
     axis.axhline(results["min_copy"], color="black", linestyle="--", linewidth=1, label=f"{results['min_copy']:g} nats")
     axis.set_xlabel("training steps at 4x")
     axis.set_ylabel(f"loss drop at d = {results['target_multiple']:g}x (nats)")
@@ -156,14 +200,25 @@ def plot_attention(results: dict, path: Path) -> Path | None:
     for axis, name in zip(axes[0], panels):
         attention = results["runs"][name][0]["layer0_attention"]
         offsets = range(len(results["original_attention"][head]))
-        axis.plot(offsets, results["original_attention"][head], color="black", marker="s", markersize=3, label="original")
+        axis.plot(
+            offsets, results["original_attention"][head], color="black", marker="s", markersize=3, label="original"
+        )
         axis.plot(offsets, attention["step 0"][head], marker="o", markersize=3, label="patched, step 0")
-        axis.plot(offsets, attention["trained"][head], marker="o", markersize=3, label=f"after {results['spec']['steps']} steps")
+        axis.plot(
+            offsets,
+            attention["trained"][head],
+            marker="o",
+            markersize=3,
+            label=f"after {results['spec']['steps']} steps",
+        )
         axis.set_title(name, fontsize=10)
         axis.set_xlabel("offset i - j (tokens back)")
     axes[0][0].set_ylabel(f"layer 0, head {head}: mean attention weight")
     axes[0][-1].legend(fontsize=8)
-    figure.suptitle("Layer 0's previous-token head (the original's head with most weight one token back), before and after each patch", fontsize=10)
+    figure.suptitle(
+        "Layer 0's previous-token head (the original's head with most weight one token back), before and after each patch",
+        fontsize=10,
+    )
     return save_figure(figure, Path(path))
 
 

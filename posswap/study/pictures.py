@@ -194,12 +194,16 @@ class _RecordByDistance:
         if weights is None:
             raise RuntimeError(f"{type(module).__name__} returned no attention weights under the eager kernel.")
         if self.per_head:
-            self.curve = torch.stack([weight_by_distance(head[None], self.causal, self.max_distance) for head in weights[0]])
+            self.curve = torch.stack(
+                [weight_by_distance(head[None], self.causal, self.max_distance) for head in weights[0]]
+            )
         else:
             self.curve = weight_by_distance(weights[0], self.causal, self.max_distance)
 
 
-def attention_by_distance(model: nn.Module, input_ids: torch.Tensor, max_distance: int | None = None, per_head: bool = False) -> torch.Tensor:
+def attention_by_distance(
+    model: nn.Module, input_ids: torch.Tensor, max_distance: int | None = None, per_head: bool = False
+) -> torch.Tensor:
     """(layers, max_distance + 1) float32: per layer, the mean attention weight at each query-key distance
     (i - j for decoders, |i - j| for encoders; default up to len(input_ids) - 1), over heads and queries, from one
     forward pass over ``input_ids`` (1-D); ``per_head``: (layers, heads, max_distance + 1), each head apart. Runs in eval mode under the eager kernel of the model's own family,

@@ -49,7 +49,19 @@ def variant_patch(name: str, length: int) -> dict:
     return patches[name]
 
 
-VARIANTS = ("copy", "linear", "cubic", "rope", "rope-yarn", "alibi", "sinusoidal", "nope", "t5-bias", "t5-bias-fit", "tupe")
+VARIANTS = (
+    "copy",
+    "linear",
+    "cubic",
+    "rope",
+    "rope-yarn",
+    "alibi",
+    "sinusoidal",
+    "nope",
+    "t5-bias",
+    "t5-bias-fit",
+    "tupe",
+)
 
 
 @dataclass(frozen=True)
@@ -110,7 +122,7 @@ class BaseSpec:
     def heldout_data(self) -> str:
         return self.heldout[0]
 
-    def for_phase(self, phase: str) -> "BaseSpec":
+    def for_phase(self, phase: str) -> BaseSpec:
         """This base in ``phase``: the long phase trains longer (its variants are picked from the quick results
         by the runner) and probes more distances."""
         if phase not in PHASES:
@@ -125,14 +137,18 @@ class BaseSpec:
 CAUSAL_MULTIPLES = (0.25, 0.5, 0.75, 1.5, 3, 5, 7)
 FULL = (
     BaseSpec(
-        name="gpt2", length=256, eval_tokens=16384,
+        name="gpt2",
+        length=256,
+        eval_tokens=16384,
         # batch 1: on 2 CPU cores one 1024-token window trains at ~1,050 tokens/s, a batch of four at ~480 (the logits)
         budget=Budget(steps=150, batch_size=1, lr=3e-4, warmup_steps=10, eval_every=25),
         long_budget=Budget(steps=800, batch_size=1, lr=5e-5, warmup_steps=40, eval_every=100),
         probe=Probe(span=64, multiples=CAUSAL_MULTIPLES),
     ),
     BaseSpec(
-        name="minilm", length=512, eval_tokens=8192,
+        name="minilm",
+        length=512,
+        eval_tokens=8192,
         # MiniLM at 2048 trains at ~180 tokens/s on 2 cores (30k-word MLM logits): a small budget
         budget=Budget(steps=16, batch_size=1, lr=2e-4, warmup_steps=2, eval_every=4),
         long_budget=Budget(steps=64, batch_size=1, lr=5e-5, warmup_steps=4, eval_every=16),
@@ -147,10 +163,17 @@ FULL = (
 # 2 CPU cores (the README's main command is the copying study's mini preset, posswap.study.copying).
 MINI = (
     BaseSpec(
-        name="minilm", length=512, eval_tokens=2048, variants=("alibi",), baseline=False, multiples=(1, 4), heldout=HELDOUT_SETS[:1],
+        name="minilm",
+        length=512,
+        eval_tokens=2048,
+        variants=("alibi",),
+        baseline=False,
+        multiples=(1, 4),
+        heldout=HELDOUT_SETS[:1],
         budget=Budget(steps=8, batch_size=1, lr=1e-4, warmup_steps=1, eval_every=4),
         head_budget=Budget(steps=40, batch_size=4, lr=3e-4, warmup_steps=4),
-        probe=Probe(span=64, multiples=(0.25, 1.5), spans=12), probe_untrained=True,
+        probe=Probe(span=64, multiples=(0.25, 1.5), spans=12),
+        probe_untrained=True,
     ),
 )
 
@@ -158,8 +181,14 @@ PRESETS = {"full": FULL, "minilm-mini": MINI}
 
 
 def select(
-    preset: str, bases: list[str] | None = None, variants: list[str] | None = None, steps: int | None = None,
-    lr: float | None = None, baseline: bool = True, phase: str = "quick", repeat_fraction: float | None = None,
+    preset: str,
+    bases: list[str] | None = None,
+    variants: list[str] | None = None,
+    steps: int | None = None,
+    lr: float | None = None,
+    baseline: bool = True,
+    phase: str = "quick",
+    repeat_fraction: float | None = None,
 ) -> tuple[BaseSpec, ...]:
     """A preset in a phase, narrowed to some bases and variants, with another step count or learning rate if
     asked (checked here, before anything trains)."""
@@ -172,7 +201,9 @@ def select(
         known = {spec.name for spec in specs}
         unknown = sorted(set(bases) - known)
         if unknown:
-            raise ValueError(f"Unknown base(s) {', '.join(unknown)} for preset {preset!r}; choose from {', '.join(sorted(known))}.")
+            raise ValueError(
+                f"Unknown base(s) {', '.join(unknown)} for preset {preset!r}; choose from {', '.join(sorted(known))}."
+            )
         specs = tuple(spec for spec in specs if spec.name in bases)
     specs = tuple(spec.for_phase(phase) for spec in specs)
     if variants:
@@ -182,7 +213,10 @@ def select(
     if steps is not None:
         if steps < 1:
             raise ValueError(f"--steps must be a positive number of optimizer steps; got {steps}.")
-        specs = tuple(replace(spec, budget=replace(spec.budget, steps=steps, eval_every=min(spec.budget.eval_every, steps))) for spec in specs)
+        specs = tuple(
+            replace(spec, budget=replace(spec.budget, steps=steps, eval_every=min(spec.budget.eval_every, steps)))
+            for spec in specs
+        )
     if lr is not None:
         check_number("--lr", lr, above=0)
         specs = tuple(replace(spec, budget=replace(spec.budget, lr=lr)) for spec in specs)
@@ -193,13 +227,25 @@ def select(
         span = DataSpec().repeat_span
         short = [spec for spec in specs if repeat_fraction > 0 and spec.length < 2 * span]
         if short:  # the baseline trains at the base's own length: its windows must hold a span and its copy
-            raise ValueError(f"--repeat-fraction: a {span}-token span and its copy need windows of {2 * span} tokens; "
-                             f"base {short[0].name} trains its baseline on {short[0].length}. Leave the flag out for it.")
+            raise ValueError(
+                f"--repeat-fraction: a {span}-token span and its copy need windows of {2 * span} tokens; "
+                f"base {short[0].name} trains its baseline on {short[0].length}. Leave the flag out for it."
+            )
         specs = tuple(replace(spec, repeat_fraction=repeat_fraction) for spec in specs)
     return specs
 
 
 __all__ = [
-    "BaseSpec", "Budget", "EXTEND", "HELDOUT_SETS", "MULTIPLES", "PHASES", "PRESETS", "Probe", "TRAIN_DATA", "VARIANTS",
-    "select", "variant_patch",
+    "BaseSpec",
+    "Budget",
+    "EXTEND",
+    "HELDOUT_SETS",
+    "MULTIPLES",
+    "PHASES",
+    "PRESETS",
+    "Probe",
+    "TRAIN_DATA",
+    "VARIANTS",
+    "select",
+    "variant_patch",
 ]

@@ -44,8 +44,11 @@ def build_init(folder: Path, size: str, split: str, seed: int) -> None:
     tokenizer = train_tokenizer(split)
     torch.manual_seed(seed)
     config = transformers.GPT2Config(
-        vocab_size=len(tokenizer), n_positions=LENGTH, bos_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id, **SIZES[size],
+        vocab_size=len(tokenizer),
+        n_positions=LENGTH,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **SIZES[size],
     )
     transformers.GPT2LMHeadModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)

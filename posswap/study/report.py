@@ -13,8 +13,10 @@ from .plan import EXTEND
 from .scoring import BASELINE, ORIGINAL, OTHER_MASKS, SLIDING, loss_metric
 
 NAMES = {"gpt2": "Reference GPT-2", "minilm": "MiniLM (all-MiniLM-L6-v2 + MLM head)"}
-SETS = {"posswap:austen-heldout": "*Persuasion* (fiction, same author as training)",
-        "posswap:technical-heldout": "the Python tutorial and HOWTOs (technical prose, unseen domain)"}
+SETS = {
+    "posswap:austen-heldout": "*Persuasion* (fiction, same author as training)",
+    "posswap:technical-heldout": "the Python tutorial and HOWTOs (technical prose, unseen domain)",
+}
 
 
 def crossover_step(curve: list, target: float) -> int | None:
@@ -58,11 +60,16 @@ def metric_table(spec, step0: Results | None, after: Results, causal: bool) -> l
     """One row per model: its untrained numbers (at 1x and 4x), then after training at every length."""
     lengths = after.lengths
     early = step0.lengths if step0 is not None else []
-    header = ["model"] + [f"step 0, {n // spec.length}x" for n in early] + [f"{n} ({n // spec.length}x)" for n in lengths]
+    header = (
+        ["model"] + [f"step 0, {n // spec.length}x" for n in early] + [f"{n} ({n // spec.length}x)" for n in lengths]
+    )
     lines = [_row(header), _row(["---"] * len(header))]
     for name, result in after.models.items():
         first = step0.models.get(name) if step0 is not None else None
-        untrained = [scored_cell(first, i, causal) if first is not None and first is not result else "" for i in range(len(early))]
+        untrained = [
+            scored_cell(first, i, causal) if first is not None and first is not result else ""
+            for i in range(len(early))
+        ]
         if first is not None and name in (ORIGINAL, SLIDING, OTHER_MASKS):
             untrained = ["(same)"] * len(early)
         lines.append(_row([name] + untrained + [scored_cell(result, i, causal) for i in range(len(lengths))]))
@@ -109,14 +116,25 @@ def against_baseline_at_1x(spec, results: Results, causal: bool) -> str | None:
     if not {spec.length, long_length} <= set(results.lengths):
         return None
     reference = window_losses(results, BASELINE, results.lengths.index(spec.length), metric)
-    read_long = {n: window_losses(results, n, results.lengths.index(long_length), metric) for n in [*spec.variants, BASELINE]}
-    gaps = [(n, *cross_length_gap(w, reference)) for n, w in read_long.items() if w is not None and reference is not None]
+    read_long = {
+        n: window_losses(results, n, results.lengths.index(long_length), metric) for n in [*spec.variants, BASELINE]
+    }
+    gaps = [
+        (n, *cross_length_gap(w, reference)) for n, w in read_long.items() if w is not None and reference is not None
+    ]
     if not gaps:
         return None
-    text = "the same text" if causal else "nearly the same text with other masked tokens (each window's [CLS] and [SEP] shift it)"
-    return (f"At {long_length} tokens against `{BASELINE}` at {spec.length}, {metric} gap ± paired standard error over "
-            f"{text}, its short windows averaged in groups: "
-            + "; ".join(f"`{n}` {gap:+.3f}" + (f" ± {se:.3f}" if se is not None else "") for n, gap, se in gaps) + ".")
+    text = (
+        "the same text"
+        if causal
+        else "nearly the same text with other masked tokens (each window's [CLS] and [SEP] shift it)"
+    )
+    return (
+        f"At {long_length} tokens against `{BASELINE}` at {spec.length}, {metric} gap ± paired standard error over "
+        f"{text}, its short windows averaged in groups: "
+        + "; ".join(f"`{n}` {gap:+.3f}" + (f" ± {se:.3f}" if se is not None else "") for n, gap, se in gaps)
+        + "."
+    )
 
 
 def probe_table(probe: dict) -> list[str]:
@@ -142,7 +160,9 @@ def probe_check(probe: dict, reader: str = ORIGINAL) -> str | None:
     drops = [(found["drop"][i], found["drop_se"][i]) for i in inside]
     if any(se is not None and drop >= MIN_COPY_DROP and drop > 2 * se for drop, se in drops):
         return None
-    shown = ", ".join(f"{with_error(found['drop'][i], found['drop_se'][i], 2)} at {probe['multiples'][i]:g}x" for i in inside)
+    shown = ", ".join(
+        f"{with_error(found['drop'][i], found['drop_se'][i], 2)} at {probe['multiples'][i]:g}x" for i in inside
+    )
     return (
         f"**The probe does not work on this model:** `{reader}` shows no drop of {MIN_COPY_DROP} nats and two standard errors "
         f"inside its own window ({shown}), so it does not read a repeat back even where it can see it, and this table cannot tell the "
@@ -152,7 +172,8 @@ def probe_check(probe: dict, reader: str = ORIGINAL) -> str | None:
 
 def _probe_text(probe: dict, causal: bool) -> str:
     what = (
-        "loss on the first occurrence minus loss on the second" if causal
+        "loss on the first occurrence minus loss on the second"
+        if causal
         else "MLM loss of span tokens masked in the second occurrence with the first masked too, minus with the first visible"
     )
     return (
@@ -169,17 +190,33 @@ def base_summary(spec, step0: dict | None, after: dict, curves: dict, probe: dic
     lines = [
         f"### {NAMES.get(spec.name, spec.name)}: {spec.length} → {4 * spec.length} positions, {spec.phase} budget "
         f"({steps} steps at lr {lr:g}, {tokens:,} training tokens per variant"
-        + (f"; {spec.repeat_fraction:.0%} of the windows with a repeated span" if spec.repeat_fraction else "") + ")", "",
+        + (f"; {spec.repeat_fraction:.0%} of the windows with a repeated span" if spec.repeat_fraction else "")
+        + ")",
+        "",
     ]
     for data, results in after.items():
         lines += [
             f"Held-out {'perplexity' if causal else 'MLM loss (nats)'} on {SETS.get(data, data)}, {spec.eval_tokens:,} tokens per "
             "length, ± the standard error over windows. `step 0`: untrained, right after the patch. `original` reads past its "
-            "limit in pieces" + ("; `original (sliding)` and every variant past its own limit read with a sliding window." if causal
-                                 else "; so does every variant past its own limit.")
-            + (f" `original trained`: the original trained the same {steps} steps at {spec.length} tokens." if spec.baseline else "")
-            + ("" if causal else " `original, mask seed 1`: the original with other masked tokens, the noise floor of this table."),
-            "", *metric_table(spec, (step0 or {}).get(data), results, causal), "",
+            "limit in pieces"
+            + (
+                "; `original (sliding)` and every variant past its own limit read with a sliding window."
+                if causal
+                else "; so does every variant past its own limit."
+            )
+            + (
+                f" `original trained`: the original trained the same {steps} steps at {spec.length} tokens."
+                if spec.baseline
+                else ""
+            )
+            + (
+                ""
+                if causal
+                else " `original, mask seed 1`: the original with other masked tokens, the noise floor of this table."
+            ),
+            "",
+            *metric_table(spec, (step0 or {}).get(data), results, causal),
+            "",
         ]
         ranked = [ranking(results, n, causal, [*spec.variants, SLIDING, BASELINE]) for n in results.lengths[1:]]
         ranked.append(against_baseline_at_1x(spec, results, causal))
@@ -195,20 +232,41 @@ def crossover_lines(spec, curves: dict, step0: dict | None) -> list[str]:
     target, steps = curves["original_at_1x"], curves["steps"]
     baseline = dict(tuple(p) for p in curves["curves"].get("original trained", []))
     first_set = (step0 or {}).get(spec.heldout_data)
-    at = first_set.lengths.index(curves["length"]) if first_set is not None and curves["length"] in first_set.lengths else None
+    at = (
+        first_set.lengths.index(curves["length"])
+        if first_set is not None and curves["length"] in first_set.lengths
+        else None
+    )
     checked = next(iter(curves["curves"].values()), [])
     lines = [
         f"Crossover: held-out {curves['metric']} at {curves['length']} tokens (4x) during training, against the "
-        f"original at {spec.length} (1x) on the same tokens: {target:.4f}.", "",
-        _row(["variant", "step 0"] + [f"step {s}" for s, _ in checked] + ["first step below the original at 1x", "first step below `original trained` at 1x, same step"]),
+        f"original at {spec.length} (1x) on the same tokens: {target:.4f}.",
+        "",
+        _row(
+            ["variant", "step 0"]
+            + [f"step {s}" for s, _ in checked]
+            + ["first step below the original at 1x", "first step below `original trained` at 1x, same step"]
+        ),
         _row(["---"] * (len(checked) + 4)),
     ]
     for name, curve in curves["curves"].items():
-        start = first_set.models[name].metrics[curves["metric"]][at] if at is not None and name in first_set.models else None
+        start = (
+            first_set.models[name].metrics[curves["metric"]][at]
+            if at is not None and name in first_set.models
+            else None
+        )
         found = 0 if start is not None and start < target else crossover_step(curve, target)
         fair = next((step for step, loss in curve if step in baseline and loss < baseline[step]), None)
-        fair_cell = "-" if name == "original trained" or not baseline else fair if fair is not None else f"not within {steps}"
-        lines.append(_row([name, _fmt(start)] + [f"{loss:.4f}" for _, loss in curve] + [found if found is not None else f"not within {steps}", fair_cell]))
+        fair_cell = (
+            "-" if name == "original trained" or not baseline else fair if fair is not None else f"not within {steps}"
+        )
+        lines.append(
+            _row(
+                [name, _fmt(start)]
+                + [f"{loss:.4f}" for _, loss in curve]
+                + [found if found is not None else f"not within {steps}", fair_cell]
+            )
+        )
     return lines
 
 

@@ -46,7 +46,15 @@ class CurveRecorder:
             return
         model.eval()
         with torch.random.fork_rng(devices=[]):
-            scored = evaluate({"run": model}, self.tokenizer, [self.length], self.data, max_tokens=self.tokens, progress=False, device=_device_of(model))
+            scored = evaluate(
+                {"run": model},
+                self.tokenizer,
+                [self.length],
+                self.data,
+                max_tokens=self.tokens,
+                progress=False,
+                device=_device_of(model),
+            )
         model.train()
         self.points.append((step, scored.models["run"].metrics[self.metric][0]))
         if self.path is not None:
@@ -82,7 +90,11 @@ def check_reference(folder: Path, length: int) -> None:
         raise ValueError(f"--reference {folder}: config.json is not valid JSON ({error}).") from None
     kind, positions, patched = config.get("model_type"), config.get("n_positions"), "posswap" in config
     if kind != "gpt2" or positions != length or patched:
-        held = f"a {kind} model" if kind != "gpt2" else f"a GPT-2 with {positions} positions" + (", already patched by posswap" if patched else "")
+        held = (
+            f"a {kind} model"
+            if kind != "gpt2"
+            else f"a GPT-2 with {positions} positions" + (", already patched by posswap" if patched else "")
+        )
         raise ValueError(
             f"--reference {folder}: the study's GPT-2 base must be an unpatched GPT-2 with {length} positions (the variants "
             f"are patched to 4x and 8x of it); this folder holds {held}. Pretrain one with python recipes/reference_gpt2.py."
@@ -90,7 +102,14 @@ def check_reference(folder: Path, length: int) -> None:
 
 
 class Study:
-    def __init__(self, specs: tuple[BaseSpec, ...], work: Path, out: Path, reference: Path | None = None, device: str | None = None):
+    def __init__(
+        self,
+        specs: tuple[BaseSpec, ...],
+        work: Path,
+        out: Path,
+        reference: Path | None = None,
+        device: str | None = None,
+    ):
         self.specs, self.work, self.out = specs, Path(work), Path(out)
         self.reference = Path(reference) if reference is not None else None
         for spec in specs:  # before any work: a wrong reference would otherwise show up after MiniLM's hour
@@ -107,12 +126,30 @@ class Study:
         self.timings[key] = round(self.timings.get(key, 0.0) + time.perf_counter() - start, 1)
         return value
 
-    def _recipe(self, spec: BaseSpec, model: str, posswap: dict | None, output_dir: Path, budget: Budget, batch_size: int,
-                window: int | None = None, trainable: str = "full", repeats: bool = False) -> dict:
+    def _recipe(
+        self,
+        spec: BaseSpec,
+        model: str,
+        posswap: dict | None,
+        output_dir: Path,
+        budget: Budget,
+        batch_size: int,
+        window: int | None = None,
+        trainable: str = "full",
+        repeats: bool = False,
+    ) -> dict:
         train = {
-            "output_dir": str(output_dir), "max_steps": budget.steps, "batch_size": batch_size, "lr": budget.lr,
-            "warmup_steps": budget.warmup_steps, "weight_decay": 0.01, "trainable": trainable,
-            "save_every": budget.steps, "keep_checkpoints": 1, "log_every": max(1, budget.steps // 20), "seed": 0,
+            "output_dir": str(output_dir),
+            "max_steps": budget.steps,
+            "batch_size": batch_size,
+            "lr": budget.lr,
+            "warmup_steps": budget.warmup_steps,
+            "weight_decay": 0.01,
+            "trainable": trainable,
+            "save_every": budget.steps,
+            "keep_checkpoints": 1,
+            "log_every": max(1, budget.steps // 20),
+            "seed": 0,
         }
         if window is not None and posswap is not None and window != posswap["max_length"]:
             train["curriculum"] = [window]  # patched to 8x, trained at 4x
@@ -128,7 +165,11 @@ class Study:
         run_dir = Path(raw["train"]["output_dir"])
         done = run_dir / "model" / "config.json"
         curve_file = run_dir / "curve.json"
-        if done.exists() and (run_dir / "recipe.yaml").exists() and load_yaml((run_dir / "recipe.yaml").read_text()) == raw:
+        if (
+            done.exists()
+            and (run_dir / "recipe.yaml").exists()
+            and load_yaml((run_dir / "recipe.yaml").read_text()) == raw
+        ):
             if curve is not None and curve_file.exists():
                 curve.points = [tuple(p) for p in json.loads(curve_file.read_text())]
             print(f"posswap study: {run_dir} already trained with this recipe; reusing it.")
@@ -153,9 +194,19 @@ class Study:
                 return default
             print("posswap study: no reference GPT-2 yet; pretraining it first (about 60 min on 2 CPU cores).")
             return self._timed("gpt2/reference", pretrain_reference)
-        if spec.name == "minilm":  # MiniLM ships without an MLM head: one (tied to the word embeddings) is trained at 512
+        if (
+            spec.name == "minilm"
+        ):  # MiniLM ships without an MLM head: one (tied to the word embeddings) is trained at 512
             head = spec.head_budget
-            raw = self._recipe(spec, "posswap:minilm", None, self.work / "minilm" / ORIGINAL, head, head.batch_size, trainable=spec.head_trainable)
+            raw = self._recipe(
+                spec,
+                "posswap:minilm",
+                None,
+                self.work / "minilm" / ORIGINAL,
+                head,
+                head.batch_size,
+                trainable=spec.head_trainable,
+            )
             return self._timed("minilm/head", self._train, raw, None)
         raise ValueError(f"Unknown base {spec.name!r}.")
 
@@ -163,7 +214,9 @@ class Study:
         """The long phase's variants: the ``LONG_VARIANTS`` lowest held-out losses at 4x after the quick budget."""
         folder = self.out / spec.name / "quick" / "trained"
         if not (folder / f"{set_name(spec.heldout_data)}.json").exists():
-            raise ValueError(f"The long phase trains the best variants of the quick one: run `posswap study --budget quick` first (no {folder}).")
+            raise ValueError(
+                f"The long phase trains the best variants of the quick one: run `posswap study --budget quick` first (no {folder})."
+            )
         results = load_sets(spec, folder)[spec.heldout_data]
         metric, at = loss_metric(spec.name == "gpt2"), results.lengths.index(EXTEND * spec.length)
         ranked = sorted((r.metrics[metric][at], name) for name, r in results.models.items() if name in spec.variants)
@@ -181,7 +234,19 @@ class Study:
         window, budget = EXTEND * spec.length, spec.budget
         variants = spec.variants if spec.phase == "quick" else self.best_of_quick(spec)
         work = self.work / spec.name / spec.phase
-        raws = {name: self._recipe(spec, str(original), variant_patch(name, spec.length), work / name, budget, budget.batch_size, window, repeats=True) for name in variants}
+        raws = {
+            name: self._recipe(
+                spec,
+                str(original),
+                variant_patch(name, spec.length),
+                work / name,
+                budget,
+                budget.batch_size,
+                window,
+                repeats=True,
+            )
+            for name in variants
+        }
         scorer = Scorer(spec, tokenizer, causal, self.device, cache=self.work / spec.name / "scores")
 
         originals = self._timed(f"{spec.name}/eval original", scorer.originals, original, spec.lengths)
@@ -197,28 +262,47 @@ class Study:
             trained[name] = self._timed(f"{spec.name}/train {name}", self._train, raw, recorder)
             curves[name] = recorder.points
         if spec.baseline:  # the original, the same steps and tokens per step, at its own length
-            raw = self._recipe(spec, str(original), None, work / "baseline", budget, budget.batch_size * EXTEND, repeats=True)
-            recorder = CurveRecorder(tokenizer, spec.length, budget.eval_every, spec.eval_tokens, causal, spec.heldout_data)
+            raw = self._recipe(
+                spec, str(original), None, work / "baseline", budget, budget.batch_size * EXTEND, repeats=True
+            )
+            recorder = CurveRecorder(
+                tokenizer, spec.length, budget.eval_every, spec.eval_tokens, causal, spec.heldout_data
+            )
             trained[BASELINE] = self._timed(f"{spec.name}/train baseline", self._train, raw, recorder)
             curves[BASELINE] = recorder.points
 
-        after = self._timed(f"{spec.name}/eval trained", scorer.variants, originals, {n: str(p) for n, p in trained.items()}, spec.lengths)
+        after = self._timed(
+            f"{spec.name}/eval trained",
+            scorer.variants,
+            originals,
+            {n: str(p) for n, p in trained.items()},
+            spec.lengths,
+        )
         save_sets(after, out / "trained")
         for data, results in after.items():
             write_plots(results, out / "trained" / set_name(data))
         if spec.probe is not None:
             before = {f"{n} (step 0)": m for n, m in untrained.items()} if spec.probe_untrained else {}
-            probed = self._timed(f"{spec.name}/probe", scorer.probe, {ORIGINAL: str(original), **before, **{n: str(p) for n, p in trained.items()}})
+            probed = self._timed(
+                f"{spec.name}/probe",
+                scorer.probe,
+                {ORIGINAL: str(original), **before, **{n: str(p) for n, p in trained.items()}},
+            )
             write_json(out / "probe.json", probed)
         self._timed(f"{spec.name}/pictures", self.pictures, spec, original, trained, tokenizer, out)
 
         metric = loss_metric(causal)
         first = originals[spec.heldout_data]
-        write_json(out / "curves.json", {
-            "metric": metric, "length": window, "steps": budget.steps,
-            "original_at_1x": first.models[ORIGINAL].metrics[metric][0],
-            "curves": curves,
-        })
+        write_json(
+            out / "curves.json",
+            {
+                "metric": metric,
+                "length": window,
+                "steps": budget.steps,
+                "original_at_1x": first.models[ORIGINAL].metrics[metric][0],
+                "curves": curves,
+            },
+        )
         return self.report_base(spec)
 
     def pictures(self, spec: BaseSpec, original: Path, trained: dict[str, Path], tokenizer, out: Path) -> None:
@@ -249,7 +333,9 @@ class Study:
         """The summary and plots of ``spec`` in its phase, from the files its run saved under ``out``."""
         out = self.out / spec.name / spec.phase
         if not (out / "curves.json").exists():
-            raise ValueError(f"No finished {spec.phase} study of {spec.name} in {out}: run posswap study --budget {spec.phase} without --report-only first.")
+            raise ValueError(
+                f"No finished {spec.phase} study of {spec.name} in {out}: run posswap study --budget {spec.phase} without --report-only first."
+            )
         quick = self.out / spec.name / "quick"
         step0 = load_sets(spec, quick / "step0") if (quick / "step0").exists() else None
         after = load_sets(spec, out / "trained")
@@ -274,11 +360,17 @@ class Study:
         for spec in self.specs:  # each base's record beside its results: phases and bases run in separate commands
             begun = time.perf_counter()
             summaries.append(self.run_base(spec))
-            record_run(self.out / spec.name / spec.phase / "study.json", {
-                "command": command, "phase": spec.phase, "wall_minutes": round((time.perf_counter() - begun) / 60, 1),
-                "timings_s": {k: v for k, v in self.timings.items() if k.startswith(f"{spec.name}/")},
-                "hardware": machine, "spec": summaries[-1]["spec"],
-            })
+            record_run(
+                self.out / spec.name / spec.phase / "study.json",
+                {
+                    "command": command,
+                    "phase": spec.phase,
+                    "wall_minutes": round((time.perf_counter() - begun) / 60, 1),
+                    "timings_s": {k: v for k, v in self.timings.items() if k.startswith(f"{spec.name}/")},
+                    "hardware": machine,
+                    "spec": summaries[-1]["spec"],
+                },
+            )
         wall = time.perf_counter() - started
         text = "\n\n".join(s["summary"] for s in summaries)
         return f"{text}\n\nWall time {wall / 60:.1f} min on {machine['description']}; files in {self.out}/."
@@ -303,6 +395,10 @@ def hardware(device: str | None = None) -> dict:
     if resolve_device(device).type == "cuda":
         description = torch.cuda.get_device_name(0)
     return {
-        "description": description, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+        "description": description,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
     }

@@ -35,7 +35,9 @@ def identity(model) -> dict:
         return {"folder": str(Path(model).resolve()), "written": [f.stat().st_mtime_ns for f in weights]}
     raw = getattr(model, "raw", None)
     if raw is None:
-        raise TypeError(f"Cannot tell what {model!r} is: give a folder or an object with the recipe (raw) that builds it.")
+        raise TypeError(
+            f"Cannot tell what {model!r} is: give a folder or an object with the recipe (raw) that builds it."
+        )
     return {"untrained": raw.get("posswap"), "from": str(Path(raw["model"]).resolve())}
 
 
@@ -85,12 +87,30 @@ class Scorer:
         self.cache = ScoreCache(cache)
 
     def _evaluate(self, models: dict, lengths: list[int], data: str, beyond: str, seed: int = 0) -> Results:
-        return evaluate(models, self.tokenizer, lengths, data, beyond=beyond, max_tokens=self.spec.eval_tokens, device=self.device, seed=seed)
+        return evaluate(
+            models,
+            self.tokenizer,
+            lengths,
+            data,
+            beyond=beyond,
+            max_tokens=self.spec.eval_tokens,
+            device=self.device,
+            seed=seed,
+        )
 
     def _score(self, name: str, model, lengths: list[int], beyond: str, seed: int = 0) -> dict[str, ModelResults]:
         """``model`` on every held-out set (loaded once, and only if some set is not in the cache)."""
-        keys = {data: {"model": identity(model), "lengths": list(lengths), "data": data, "beyond": beyond, "seed": seed,
-                       "tokens": self.spec.eval_tokens} for data in self.spec.heldout}
+        keys = {
+            data: {
+                "model": identity(model),
+                "lengths": list(lengths),
+                "data": data,
+                "beyond": beyond,
+                "seed": seed,
+                "tokens": self.spec.eval_tokens,
+            }
+            for data in self.spec.heldout
+        }
         found = {data: _with_windows(self.cache.get(key)) for data, key in keys.items()}
         if any(value is None for value in found.values()):
             loaded = _load(model)
@@ -105,7 +125,10 @@ class Scorer:
         """Per held-out set: the original past its limit read in pieces (truncate) and, causal, with a sliding
         window; masked, also with other masks (the noise floor: the same model, other masked tokens)."""
         readings = [(ORIGINAL, "truncate", 0), (SLIDING, "sliding", 0) if self.causal else (OTHER_MASKS, "truncate", 1)]
-        scored = {data: Results(lengths=list(lengths), data=data, settings={"max_tokens": self.spec.eval_tokens}) for data in self.spec.heldout}
+        scored = {
+            data: Results(lengths=list(lengths), data=data, settings={"max_tokens": self.spec.eval_tokens})
+            for data in self.spec.heldout
+        }
         for name, beyond, seed in readings:
             for data, result in self._score(name, str(original), lengths, beyond, seed).items():
                 scored[data].models[name] = result
@@ -118,10 +141,15 @@ class Scorer:
         scored = {}
         for data, results in originals.items():
             keep = [results.lengths.index(n) for n in lengths]
-            scored[data] = Results(lengths=list(lengths), data=data, settings=dict(results.settings), models={
-                name: _at(result, keep) for name, result in results.models.items()
-            })
-            scored[data].settings["beyond"] = f"{ORIGINAL}: truncate (pieces); {'others: sliding' if self.causal else 'all: truncate'}"
+            scored[data] = Results(
+                lengths=list(lengths),
+                data=data,
+                settings=dict(results.settings),
+                models={name: _at(result, keep) for name, result in results.models.items()},
+            )
+            scored[data].settings["beyond"] = (
+                f"{ORIGINAL}: truncate (pieces); {'others: sliding' if self.causal else 'all: truncate'}"
+            )
         for name, model in models.items():
             for data, result in self._score(name, model, lengths, beyond).items():
                 scored[data].models[name] = result
@@ -138,16 +166,33 @@ class Scorer:
         distances = probe.distances(self.spec.length)
         stream = token_stream(texts, self.tokenizer, 200_000, min_tokens=probe.span + max(distances))
         device = resolve_device(self.device)
-        found = {"span": probe.span, "multiples": list(probe.multiples), "length": self.spec.length, "data": self.spec.heldout_data, "models": {}}
+        found = {
+            "span": probe.span,
+            "multiples": list(probe.multiples),
+            "length": self.spec.length,
+            "data": self.spec.heldout_data,
+            "models": {},
+        }
         for name, model in models.items():
-            key = {"model": identity(model), "probe": asdict(probe), "length": self.spec.length, "data": self.spec.heldout_data}
+            key = {
+                "model": identity(model),
+                "probe": asdict(probe),
+                "length": self.spec.length,
+                "data": self.spec.heldout_data,
+            }
             found["models"][name] = self.cache.get(key)
             if found["models"][name] is None:
                 loaded = _load(model).eval().to(device)
                 limit = context_limit(loaded)  # past it: a sliding window (causal) or pieces (masked)
                 found["models"][name] = repeat_probe(
-                    loaded, self.tokenizer, stream, span=probe.span, distances=distances,
-                    spans_per_distance=probe.spans, limit=limit, progress=progress,
+                    loaded,
+                    self.tokenizer,
+                    stream,
+                    span=probe.span,
+                    distances=distances,
+                    spans_per_distance=probe.spans,
+                    limit=limit,
+                    progress=progress,
                 )
                 self.cache.put(key, found["models"][name])
                 del loaded
@@ -156,8 +201,12 @@ class Scorer:
 
 def _at(result, keep: list[int]):
     """A model's results at some of its lengths (the originals are scored once, at every length)."""
-    metrics = {k: [v[i] for i in keep] if isinstance(v, list) and len(v) > max(keep) else v for k, v in result.metrics.items()}
-    per_position = [result.per_position[i] for i in keep] if len(result.per_position) > max(keep) else result.per_position
+    metrics = {
+        k: [v[i] for i in keep] if isinstance(v, list) and len(v) > max(keep) else v for k, v in result.metrics.items()
+    }
+    per_position = (
+        [result.per_position[i] for i in keep] if len(result.per_position) > max(keep) else result.per_position
+    )
     return replace(result, metrics=metrics, per_position=per_position, passkey=None)
 
 

@@ -73,7 +73,9 @@ def _optimizer_from_files(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
     return {"state": state, "param_groups": meta["param_groups"]}
 
 
-def save_checkpoint(run_dir: Path, step: int, model_state: dict, optimizer, scheduler, progress: dict, rank: int, world: int, barrier) -> Path:
+def save_checkpoint(
+    run_dir: Path, step: int, model_state: dict, optimizer, scheduler, progress: dict, rank: int, world: int, barrier
+) -> Path:
     """Every process writes its RNG state; the main process (rank 0) writes the rest and renames."""
     final = run_dir / f"{PREFIX}{step}"
     staging = run_dir / f"{PREFIX}{step}.tmp"
@@ -107,8 +109,10 @@ def save_checkpoint(run_dir: Path, step: int, model_state: dict, optimizer, sche
 def completed_checkpoints(run_dir: Path) -> list[Path]:
     """``checkpoint-<step>`` folders, oldest first; ``.tmp`` folders (interrupted writes) and empty ones are not
     among them."""
-    done = [p for p in run_dir.glob(f"{PREFIX}*") if p.is_dir() and p.name[len(PREFIX):].isdigit() and any(p.iterdir())]
-    return sorted(done, key=lambda p: int(p.name[len(PREFIX):]))
+    done = [
+        p for p in run_dir.glob(f"{PREFIX}*") if p.is_dir() and p.name[len(PREFIX) :].isdigit() and any(p.iterdir())
+    ]
+    return sorted(done, key=lambda p: int(p.name[len(PREFIX) :]))
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -169,12 +173,16 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer, scheduler, ra
     weights = _read_tensors(path / "model.safetensors")
     missing = set(weights) - set(dict(model.named_parameters()))
     if missing:
-        raise ValueError(f"{path} holds weights this model does not have ({sorted(missing)[:3]}...): was the recipe changed?")
+        raise ValueError(
+            f"{path} holds weights this model does not have ({sorted(missing)[:3]}...): was the recipe changed?"
+        )
     with torch.no_grad():
         parameters = dict(model.named_parameters())
         for name, value in weights.items():
             parameters[name].copy_(value)
-    optimizer.load_state_dict(_optimizer_from_files(_read_tensors(path / "optimizer.safetensors"), _read_json(path / "optimizer.json")))
+    optimizer.load_state_dict(
+        _optimizer_from_files(_read_tensors(path / "optimizer.safetensors"), _read_json(path / "optimizer.json"))
+    )
     scheduler.load_state_dict(_read_json(path / "scheduler.json"))
     rng = _read_tensors(path / f"rng-{rank}.safetensors")
     torch.set_rng_state(rng["torch"])

@@ -10,9 +10,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 import yaml
@@ -26,7 +27,15 @@ from ..architectures import ARCHITECTURES, find_sites
 from ..files import absolute, check_folder_target, check_writable, hold
 from ..loading import from_pretrained, load_tokenizer, resolve_model_id, save_model_and_tokenizer
 from ..patching import patch, patched_config
-from .checkpoint import check_optimizer_groups, latest_checkpoint, load_checkpoint, log_lines_upto, prune_checkpoints, resumable_checkpoint, save_checkpoint
+from .checkpoint import (
+    check_optimizer_groups,
+    latest_checkpoint,
+    load_checkpoint,
+    log_lines_upto,
+    prune_checkpoints,
+    resumable_checkpoint,
+    save_checkpoint,
+)
 from .data import packed_windows, with_repeated_spans
 from .objectives import batch_preparer, stack_windows
 from .recipe import Recipe, recipe_differences
@@ -114,7 +123,13 @@ def hold_run_dir(run_dir: Path) -> Iterator[None]:
         return
 
     def refusal(pid: int | None, by: str | None) -> str:
-        who = "another posswap train" if by in ("posswap train", None) else f"another posswap process ({by})" if by else "another posswap process"
+        who = (
+            "another posswap train"
+            if by in ("posswap train", None)
+            else f"another posswap process ({by})"
+            if by
+            else "another posswap process"
+        )
         return f"{who} is using {run_dir} (pid {pid if pid is not None else 'unknown'}); wait for it or choose another train.output_dir."
 
     with hold(absolute(run_dir), "posswap train", refusal):
@@ -130,7 +145,9 @@ def _train(recipe: Recipe, raw, resume: bool, callbacks, overwrite: bool, force:
     check_folder_target(final_dir, replace, _local_source(recipe.model), flag="train.output_dir: model folder")
     check_writable(final_dir, flag="train.output_dir: model folder")  # permissions, a read-only or immutable folder
     if not resume and latest_checkpoint(run_dir) is not None:
-        raise ValueError(f"{run_dir} already holds checkpoints: pass --resume to continue, or choose another train.output_dir.")
+        raise ValueError(
+            f"{run_dir} already holds checkpoints: pass --resume to continue, or choose another train.output_dir."
+        )
     checkpoint = resumable_checkpoint(run_dir) if resume else None  # checked before anything is loaded
     if checkpoint is not None:  # also under --force: a changed group count cannot carry the optimizer over
         check_optimizer_groups(checkpoint, len(group_settings(t)))
@@ -140,7 +157,9 @@ def _train(recipe: Recipe, raw, resume: bool, callbacks, overwrite: bool, force:
         from huggingface_hub import get_token
 
         if get_token() is None:  # found out now, not after the training
-            raise ValueError("push_to_hub is set but you are not logged in to the Hub: run `hf auth login` or set HF_TOKEN.")
+            raise ValueError(
+                "push_to_hub is set but you are not logged in to the Hub: run `hf auth login` or set HF_TOKEN."
+            )
 
     accelerator = Accelerator(
         # Without an accelerator, say so: then several processes run as MULTI_CPU over gloo (not one each).
@@ -149,7 +168,10 @@ def _train(recipe: Recipe, raw, resume: bool, callbacks, overwrite: bool, force:
         step_scheduler_with_optimizer=False,  # max_steps counts optimizer steps; the scheduler follows them
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=t.seed),
     )
-    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and accelerator.distributed_type != DistributedType.FSDP:
+    if (
+        os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
+        and accelerator.distributed_type != DistributedType.FSDP
+    ):
         # accelerate runs FSDP on accelerators only; elsewhere it would quietly run plain data parallel instead.
         raise ValueError(
             f"The accelerate config asks for FSDP, which accelerate runs only on GPUs (or XPUs, NPUs...); here it would run as "
@@ -179,7 +201,14 @@ def _train(recipe: Recipe, raw, resume: bool, callbacks, overwrite: bool, force:
 
     step, progress = 0, {}
     if checkpoint is not None:
-        progress = load_checkpoint(checkpoint, accelerator.unwrap_model(model), optimizer, scheduler, accelerator.process_index, accelerator.num_processes)
+        progress = load_checkpoint(
+            checkpoint,
+            accelerator.unwrap_model(model),
+            optimizer,
+            scheduler,
+            accelerator.process_index,
+            accelerator.num_processes,
+        )
         step = progress["step"]
         if force:
             _use_recipe_rates(optimizer, scheduler, t)
@@ -202,12 +231,18 @@ def _train(recipe: Recipe, raw, resume: bool, callbacks, overwrite: bool, force:
         if step >= end:
             continue
         with accelerator.main_process_first():  # tokenise once; other processes reuse datasets' cache
-            windows = packed_windows(recipe.data.train, tokenizer, length, recipe.data.text_column, recipe.data.streaming)
+            windows = packed_windows(
+                recipe.data.train, tokenizer, length, recipe.data.text_column, recipe.data.streaming
+            )
             windows = with_repeated_spans(windows, recipe.data.repeat_fraction, recipe.data.repeat_span, t.seed)
         # Its own generator: starting an iterator must not draw from the global RNG that dropout and MLM
         # masks use, or a resumed run (which starts one mid-stream) would diverge.
         loader = DataLoader(
-            windows, batch_size=t.batch_size, shuffle=not recipe.data.streaming, collate_fn=stack_windows, drop_last=True,
+            windows,
+            batch_size=t.batch_size,
+            shuffle=not recipe.data.streaming,
+            collate_fn=stack_windows,
+            drop_last=True,
             generator=torch.Generator().manual_seed(t.seed),
         )
         loader = accelerator.prepare(loader)
@@ -232,10 +267,25 @@ def _train(recipe: Recipe, raw, resume: bool, callbacks, overwrite: bool, force:
             bar.set_postfix(loss=f"{mean_loss:.3f}", length=length)
             if accelerator.is_main_process and (step % t.log_every == 0 or step == t.max_steps):
                 with open(log_path, "a") as f:
-                    f.write(json.dumps({"step": step, "loss": mean_loss, "lr": scheduler.get_last_lr()[0], "length": length}) + "\n")
+                    f.write(
+                        json.dumps(
+                            {"step": step, "loss": mean_loss, "lr": scheduler.get_last_lr()[0], "length": length}
+                        )
+                        + "\n"
+                    )
             if step % t.save_every == 0 and step < t.max_steps:
                 weights = {n: p for n, p in accelerator.unwrap_model(model).named_parameters() if p.requires_grad}
-                save_checkpoint(run_dir, step, weights, optimizer, scheduler, {"stage": stage}, accelerator.process_index, accelerator.num_processes, accelerator.wait_for_everyone)
+                save_checkpoint(
+                    run_dir,
+                    step,
+                    weights,
+                    optimizer,
+                    scheduler,
+                    {"stage": stage},
+                    accelerator.process_index,
+                    accelerator.num_processes,
+                    accelerator.wait_for_everyone,
+                )
                 if accelerator.is_main_process:
                     prune_checkpoints(run_dir, t.keep_checkpoints)
             for callback in callbacks:
@@ -245,7 +295,14 @@ def _train(recipe: Recipe, raw, resume: bool, callbacks, overwrite: bool, force:
     accelerator.wait_for_everyone()
     final = _final_model(accelerator, model, recipe)
     if accelerator.is_main_process:
-        save_model_and_tokenizer(final, tokenizer, final_dir, overwrite=replace, source=_local_source(recipe.model), flag="train.output_dir: model folder")
+        save_model_and_tokenizer(
+            final,
+            tokenizer,
+            final_dir,
+            overwrite=replace,
+            source=_local_source(recipe.model),
+            flag="train.output_dir: model folder",
+        )
         _evaluate(recipe, final, tokenizer, run_dir, accelerator.device)
         if recipe.push_to_hub:
             _push(recipe, final_dir, run_dir)
@@ -283,7 +340,10 @@ def parameter_groups(model, positions: set[int], t) -> list[dict]:
     else:
         kinds = [[p for p in trainable if id(p) not in positions], [p for p in trainable if id(p) in positions]]
     selections = [[p for p in kind if (p.ndim >= 2) == decays] for kind in kinds for decays in (True, False)]
-    return [{"params": params, "lr": lr, "weight_decay": decay} for params, (lr, decay) in zip(selections, group_settings(t))]
+    return [
+        {"params": params, "lr": lr, "weight_decay": decay}
+        for params, (lr, decay) in zip(selections, group_settings(t))
+    ]
 
 
 def _use_recipe_rates(optimizer, scheduler, t) -> None:
@@ -308,7 +368,9 @@ def _batches(accelerator: Accelerator, loader, consumed: int):
             consumed = 0
     per_epoch = len(loader)
     if per_epoch == 0:
-        raise ValueError("The training data has fewer windows than one batch per process; use more text or a smaller batch_size.")
+        raise ValueError(
+            "The training data has fewer windows than one batch per process; use more text or a smaller batch_size."
+        )
     epoch, skip = divmod(consumed, per_epoch)
     while True:
         loader.set_epoch(epoch)
@@ -338,8 +400,15 @@ def _evaluate(recipe: Recipe, model, tokenizer, run_dir: Path, device: torch.dev
     model.eval()
     e = recipe.eval
     results = evaluate(
-        {"original": recipe.model, "trained": model}, tokenizer, e.lengths, e.data,
-        max_tokens=e.max_tokens, passkey_trials=e.passkey_trials, beyond=e.beyond, out=run_dir / "eval", device=device,
+        {"original": recipe.model, "trained": model},
+        tokenizer,
+        e.lengths,
+        e.data,
+        max_tokens=e.max_tokens,
+        passkey_trials=e.passkey_trials,
+        beyond=e.beyond,
+        out=run_dir / "eval",
+        device=device,
     )
     print(results.table())
 
@@ -352,10 +421,13 @@ def _push(recipe: Recipe, final_dir: Path, run_dir: Path) -> None:
     results = run_dir / "eval" / "results.json"
     try:
         url = push_to_hub(
-            final_dir, recipe.push_to_hub,
-            results=results if results.exists() else None, plots=sorted((run_dir / "eval").glob("*.png")),
+            final_dir,
+            recipe.push_to_hub,
+            results=results if results.exists() else None,
+            plots=sorted((run_dir / "eval").glob("*.png")),
             base_model=None if Path(recipe.model).exists() or recipe.model.startswith("posswap:") else recipe.model,
-            data=recipe.data.train, steps=recipe.train.max_steps,
+            data=recipe.data.train,
+            steps=recipe.train.max_steps,
         )
     except (OSError, HfHubHTTPError) as error:  # the run is not lost: say where it is and how to push it
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0].rstrip(".")  # the Hub's first line

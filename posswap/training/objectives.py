@@ -7,7 +7,8 @@ straddle a checkpoint and a resumed run would mask differently.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from transformers import DataCollatorForLanguageModeling
@@ -27,7 +28,9 @@ def pose_position_ids(batch: int, window: int, max_length: int, offset: int = 0)
     return positions + (positions >= split) * skip + offset
 
 
-def batch_preparer(causal: bool, tokenizer: Any, mlm_probability: float, pose: tuple[int, int, int] | None) -> Callable[[torch.Tensor], dict]:
+def batch_preparer(
+    causal: bool, tokenizer: Any, mlm_probability: float, pose: tuple[int, int, int] | None
+) -> Callable[[torch.Tensor], dict]:
     """input_ids (batch, length) -> the model's keyword arguments, labels included.
     ``pose`` is (window, max_length, position offset) or None."""
     masker = None if causal else DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=mlm_probability)

@@ -13,7 +13,14 @@ from typing import Any
 import yaml
 
 from ..config import (
-    PositionConfig, check_bool, check_choice, check_number, check_positive_int, check_text, config_from_dict, load_yaml,
+    PositionConfig,
+    check_bool,
+    check_choice,
+    check_number,
+    check_positive_int,
+    check_text,
+    config_from_dict,
+    load_yaml,
     shown,
 )
 from ..evaluation.harness import check_settings
@@ -24,7 +31,10 @@ MIXED_PRECISION = ("no", "bf16", "fp16")
 
 @dataclass
 class DataSpec:
-    train: str = field(default="posswap:austen-train", metadata={"help": "Training text: posswap:<split>, a local file, or NAME[:CONFIG][@SPLIT]."})
+    train: str = field(
+        default="posswap:austen-train",
+        metadata={"help": "Training text: posswap:<split>, a local file, or NAME[:CONFIG][@SPLIT]."},
+    )
     text_column: str = "text"
     streaming: bool = field(default=False, metadata={"help": "Stream a Hub dataset larger than memory."})
     # Copying must be learned before a model can show that it reads distant tokens (the repeat probe); natural
@@ -113,7 +123,9 @@ class TrainSpec:
             if max_length is None:
                 raise ValueError("train.pose_window trains for posswap.max_length; the recipe has no posswap block.")
             if self.pose_window >= max_length:
-                raise ValueError(f"train.pose_window ({self.pose_window}) must be shorter than posswap.max_length ({max_length}).")
+                raise ValueError(
+                    f"train.pose_window ({self.pose_window}) must be shorter than posswap.max_length ({max_length})."
+                )
             if self.curriculum:
                 raise ValueError("train.pose_window and train.curriculum are two ways to reach the length; choose one.")
         if self.curriculum is not None and not isinstance(self.curriculum, list):
@@ -140,7 +152,9 @@ class EvalSpec:
 
     def validate(self) -> None:
         no_eval = self.lengths in ([], None)  # the other keys are checked all the same
-        check_settings([2] if no_eval else self.lengths, self.beyond, None, self.max_tokens, self.passkey_trials, prefix="eval.")
+        check_settings(
+            [2] if no_eval else self.lengths, self.beyond, None, self.max_tokens, self.passkey_trials, prefix="eval."
+        )
         check_text("eval.data", self.data)
 
 
@@ -175,7 +189,9 @@ class Recipe:
                 validate_repo_id(self.push_to_hub)
             except ValueError as error:  # HFValidationError is a ValueError; it quotes the whole id, which may be long
                 reason = str(error).replace(repr(self.push_to_hub), "it").replace(self.push_to_hub, "it")
-                raise ValueError(f"push_to_hub: bad repo id {shown(self.push_to_hub)}; use 'namespace/name'. ({reason})") from None
+                raise ValueError(
+                    f"push_to_hub: bad repo id {shown(self.push_to_hub)}; use 'namespace/name'. ({reason})"
+                ) from None
         self.data.validate()
         self.train.validate(self.max_length)
         self.eval.validate()
@@ -224,7 +240,9 @@ def check_model_source(name: str, value: str, need_config: bool) -> None:
         return
     path = Path(value).expanduser()
     if not path.is_dir():
-        raise ValueError(f"{name}: no local folder {value!r} (a Hub id has no leading ./ ../ / and names no local folder).")
+        raise ValueError(
+            f"{name}: no local folder {value!r} (a Hub id has no leading ./ ../ / and names no local folder)."
+        )
     if need_config and not (path / "config.json").is_file():
         raise ValueError(f"{name}: {value!r} has no config.json; give a folder that save_pretrained wrote.")
 
@@ -233,8 +251,10 @@ def check_data_source(name: str, value: str) -> None:
     from ..data.splits import EMBEDDED_PREFIX, LOCAL_SUFFIXES, SPLITS
 
     if value.startswith(EMBEDDED_PREFIX):
-        if value[len(EMBEDDED_PREFIX):] not in SPLITS:
-            raise ValueError(f"{name}: no embedded split {value!r}; use one of {', '.join(EMBEDDED_PREFIX + s for s in SPLITS)}.")
+        if value[len(EMBEDDED_PREFIX) :] not in SPLITS:
+            raise ValueError(
+                f"{name}: no embedded split {value!r}; use one of {', '.join(EMBEDDED_PREFIX + s for s in SPLITS)}."
+            )
         return
     if not looks_local(value):
         return
@@ -273,7 +293,7 @@ def check_text_file(name: str, path: Path) -> None:
                 if not isinstance(row, dict):
                     raise ValueError(
                         f"{name}: {path} line {number} is not a JSON object but {type(row).__name__}; "
-                        "write one object per line, e.g. {\"text\": \"...\"}."
+                        'write one object per line, e.g. {"text": "..."}.'
                     )
 
 
@@ -296,7 +316,9 @@ def recipe_from_dict(raw: dict[str, Any]) -> Recipe:
     known = {f.name for f in dataclasses.fields(Recipe)}
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise ValueError(f"Unknown key(s) in the recipe: {', '.join(unknown)}. Known blocks: {', '.join(sorted(known))}.")
+        raise ValueError(
+            f"Unknown key(s) in the recipe: {', '.join(unknown)}. Known blocks: {', '.join(sorted(known))}."
+        )
     if "posswap" not in raw:
         raise ValueError("The recipe needs a posswap: block, e.g. {method: rope, max_length: 4096} (null: no patch).")
     recipe = Recipe(
@@ -343,9 +365,13 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> tuple[Recipe, di
         mark = getattr(error, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(error, "problem", None) or type(error).__name__
-        raise ValueError(f"Recipe {str(path)!r} is not valid YAML{where}: {problem}. Fix the file; see recipes/ for examples.") from None
+        raise ValueError(
+            f"Recipe {str(path)!r} is not valid YAML{where}: {problem}. Fix the file; see recipes/ for examples."
+        ) from None
     if not isinstance(raw, dict):
-        raise ValueError(f"Recipe {str(path)!r} must be a YAML mapping with model:, posswap:, data:, train:, eval: blocks.")
+        raise ValueError(
+            f"Recipe {str(path)!r} must be a YAML mapping with model:, posswap:, data:, train:, eval: blocks."
+        )
     raw = apply_overrides(raw, list(overrides))
     return recipe_from_dict(raw), raw
 
@@ -355,8 +381,13 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> tuple[Recipe, di
 # Not max_steps: the cosine schedule and the curriculum stages are laid out over it, so raising it to
 # continue would not give the run that max_steps names.
 RESUME_FREE_KEYS = (
-    "train.output_dir", "train.log_every", "train.save_every", "train.keep_checkpoints",
-    "train.gradient_checkpointing", "eval", "push_to_hub",
+    "train.output_dir",
+    "train.log_every",
+    "train.save_every",
+    "train.keep_checkpoints",
+    "train.gradient_checkpointing",
+    "eval",
+    "push_to_hub",
 )
 
 

@@ -7,6 +7,7 @@ from torch import nn
 
 from ..architectures import find_sites
 
+
 def _is_norm(name: str) -> bool:
     # GPT-2: ln_1, ln_2, ln_f; BERT family: LayerNorm.
     last = name.split(".")[-2] if name.endswith((".weight", ".bias")) else name
