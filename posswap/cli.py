@@ -175,6 +175,8 @@ def _cmd_study(args: argparse.Namespace) -> None:
     from .study import Study, select
     from .study.copying import COPYING_PRESETS
 
+    if args.docs is not None:
+        return _write_docs_pages(args)
     if args.preset in COPYING_PRESETS:
         return _cmd_copying_study(args)
     variants = args.variants.split(",") if args.variants else None
@@ -195,6 +197,15 @@ def _cmd_study(args: argparse.Namespace) -> None:
         "posswap " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["study"] else "posswap study"
     )
     print(Study(specs, work, out, args.reference, device).run(command, report_only=args.report_only))
+
+
+def _write_docs_pages(args: argparse.Namespace) -> None:
+    from .study.docs_report import write_pages
+
+    if not args.report_only:
+        raise ValueError("--docs writes the study's pages from saved results: posswap study --report-only --docs DIR.")
+    for path in write_pages(Path(args.out or "results"), Path(args.docs)):
+        print(f"Wrote {path}")
 
 
 def _cmd_copying_study(args: argparse.Namespace) -> None:
@@ -402,6 +413,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--report-only",
         action="store_true",
         help="Rebuild summary.md and the plots from the saved results; train and score nothing.",
+    )
+    s.add_argument(
+        "--docs",
+        default=None,
+        metavar="DIR",
+        help="With --report-only: write every study page of the documentation site (DIR/study/*.md) from the results "
+        "under --out (default results/), whatever the preset.",
     )
     s.set_defaults(run=_cmd_study)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -37,8 +36,6 @@ from posswap.study.copying import (
 )
 from posswap.study.copying_report import copying_table, first_step, previous_token_head
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-RESULTS = Path(__file__).resolve().parent.parent / "results"
 TOY = CopierRecipe(vocab=64, length=32, n_layer=1, n_embd=32, n_head=2, steps=3, batch_size=4, period=(4, 16))
 
 
@@ -164,13 +161,3 @@ def test_first_step_and_previous_token_head():
     assert first_step(runs, 0, 4.0) is None
     assert previous_token_head([[0.5, 0.1, 0.0], [0.1, 0.8, 0.0], [0.3, 0.3, 0.3]]) == 1
 
-
-@pytest.mark.parametrize("preset", ["mini", "copying", "copying-rope"])
-def test_the_readme_quotes_the_copying_tables_as_their_json_gives_them(preset):
-    found = RESULTS / preset / "copying.json"
-    if not found.is_file():
-        pytest.skip(f"the {preset} study has not been run into results/{preset} yet")
-    text = README.read_text()
-    for line in copying_table(json.loads(found.read_text())):
-        assert line in text, f"README lacks or changed this line of results/{preset}/copying.json's table: {line}"
-    assert f"posswap study --preset {preset}" in text

@@ -1,0 +1,126 @@
+"""The front page and the documentation site: the README stays a short front page with its two quick-start commands,
+every public name is in the API reference, every method has its page, and the study pages are exactly what the
+results JSON gives (regenerated here and compared byte for byte)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import posswap
+from posswap.cli import main
+from posswap.registry import METHODS
+from posswap.study.copying_report import copying_table
+from posswap.study.docs_report import COPYING_PAGES, pages, write_pages
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+RESULTS = ROOT / "results"
+
+# CI's and a newcomer's contract: these two lines must stay in the README exactly as they are.
+QUICK_START = (
+    "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e . && "
+    "posswap study --preset mini",
+    "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && "
+    'pip install -e ".[test]" && python -m pytest -q',
+)
+
+
+def test_the_readme_is_a_front_page_with_its_two_commands():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; the front page keeps to 200 (move the rest to docs/)"
+    for command in QUICK_START:
+        assert command in lines, f"README.md lost or changed the quick-start command: {command}"
+
+
+def test_the_readme_quotes_the_mini_run_time_from_its_json():
+    mini = json.loads((RESULTS / "mini" / "copying.json").read_text())
+    quoted = f"the main job ({mini['timings_s']['all'] / 60:.1f} min on 2 cores)"
+    assert quoted in README.read_text(), f"README.md should say {quoted!r}, as results/mini/copying.json gives"
+
+
+@pytest.mark.parametrize("page", [README, ROOT / "CONTRIBUTING.md"], ids=lambda p: p.name)
+def test_every_relative_link_of_the_front_pages_exists(page):
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+        if "://" not in target:
+            assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"
+
+
+def test_every_public_name_is_in_the_api_reference():
+    reference = (DOCS / "reference.md").read_text()
+    missing = [name for name in posswap.__all__ if f"::: posswap.{name}\n" not in reference]
+    assert not missing, f"docs/reference.md lacks '::: posswap.NAME' for {missing}"
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_has_a_page_with_its_options_table(method):
+    page = DOCS / "methods" / f"{method}.md"
+    assert page.is_file(), f"method {method!r} has no page docs/methods/{method}.md"
+    marker = f"<!-- posswap:options {METHODS[method].config_class.__name__} -->"
+    assert marker in page.read_text(), f"docs/methods/{method}.md lacks {marker}"
+    assert f"methods/{method}.md" in (ROOT / "mkdocs.yml").read_text(), f"mkdocs.yml's nav lacks methods/{method}.md"
+
+
+def test_the_study_pages_are_what_the_results_json_gives(tmp_path):
+    written = write_pages(RESULTS, tmp_path)
+    assert written, "no study page was generated from results/"
+    committed = sorted(p.name for p in (DOCS / "study").glob("*.md") if p.name != "index.md")
+    assert sorted(p.name for p in written) == committed, "docs/study/ holds a page that results/ does not generate"
+    for path in written:
+        relative = path.relative_to(tmp_path)
+        assert path.read_bytes() == (DOCS / relative).read_bytes(), (
+            f"docs/{relative} differs from what results/ gives: run posswap study --report-only --docs docs/"
+        )
+
+
+@pytest.mark.parametrize("page", sorted(COPYING_PAGES))
+def test_the_copying_pages_quote_the_copying_tables_as_their_json_gives_them(page):
+    folder = COPYING_PAGES[page][0]
+    text = (DOCS / "study" / f"{page}.md").read_text()
+    for line in copying_table(json.loads((RESULTS / folder / "copying.json").read_text())):
+        assert line in text, f"docs/study/{page}.md lacks or changed this line of results/{folder}/copying.json: {line}"
+    assert f"posswap study --preset {page}" in text
+
+
+def test_a_changed_number_in_the_json_changes_the_page(tmp_path):
+    # The pages come from the JSON, not from a copy of them: a drifted number shows up in the page.
+    copy = tmp_path / "results" / "mini"
+    copy.mkdir(parents=True)
+    found = json.loads((RESULTS / "mini" / "copying.json").read_text())
+    found["original"]["drop"][0] = 1.2345
+    (copy / "copying.json").write_text(json.dumps(found))
+    text = pages(tmp_path / "results")["study/mini.md"]
+    assert "| original (untrained) | 1.23 |" in text and text != (DOCS / "study" / "mini.md").read_text()
+
+
+def test_the_docs_flag_writes_the_pages_and_needs_report_only(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    assert main(["study", "--docs", str(tmp_path)]) == 2
+    assert "--report-only" in capsys.readouterr().err and not any(tmp_path.iterdir())
+    assert main(["study", "--report-only", "--docs", str(tmp_path), "--out", str(tmp_path / "none")]) == 2
+    assert "no results folder" in capsys.readouterr().err
+    assert main(["study", "--report-only", "--docs", str(tmp_path)]) == 0
+    assert (tmp_path / "study" / "copying.md").read_bytes() == (DOCS / "study" / "copying.md").read_bytes()
+
+
+def test_the_site_hooks_fill_options_from_the_config_help():
+    pytest.importorskip("mkdocs")  # the dev extra
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mkdocs_hooks", ROOT / "tools" / "mkdocs_hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    table = hooks.on_page_markdown(
+        "x\n<!-- posswap:options RopeConfig -->\ny `<!-- posswap:options No -->`", *[None] * 3
+    )
+    for field in ("max_length", "theta", "rope_type", "rotary_dim"):
+        help_text = posswap.RopeConfig.__dataclass_fields__[field].metadata["help"]
+        assert f"| `{field}` |" in table and help_text in table
+    assert table.endswith("y `<!-- posswap:options No -->`")  # a marker inside a line is text, not a directive
+    assert "usage: posswap patch" in hooks.cli_help("patch")
+    with pytest.raises(ValueError, match="no config dataclass"):
+        hooks.options_table("patch")

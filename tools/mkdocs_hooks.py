@@ -1,0 +1,79 @@
+"""mkdocs hooks (``hooks:`` in mkdocs.yml): what the site shows that the code already knows, filled in at build time so
+it cannot go stale.
+
+- ``<!-- posswap:options RopeConfig -->`` becomes the options table of that config dataclass, from its fields' ``help``
+  metadata (the text ``posswap patch --help`` prints).
+- ``<!-- posswap:cli patch -->`` becomes ``posswap patch --help`` (``<!-- posswap:cli -->``: ``posswap --help``).
+- ``<!-- posswap:include CONTRIBUTING.md -->`` becomes that file of the repository root, its links into ``docs/``
+  made relative to the site, so the file GitHub shows and the site's page are one text.
+- The pictures under ``results/`` are added to the site as ``results/...``, so the study pages link to them where
+  they are (``../results/copying/probe.png`` from ``docs/study/``) instead of a second copy in ``docs/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+from pathlib import Path
+
+from mkdocs.structure.files import File
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = re.compile(r"^<!-- posswap:(options|cli|include)(?: ([\w.-]+))? -->$", re.MULTILINE)  # alone on a line
+
+
+def options_table(name: str) -> str:
+    """The fields of ``posswap.<name>`` as a markdown table: option, type, default, what it does."""
+    import posswap
+
+    config = getattr(posswap, name, None)
+    if config is None or not dataclasses.is_dataclass(config):
+        raise ValueError(f"posswap:options {name}: posswap has no config dataclass of that name.")
+    rows = ["| option | type | default | what it does |", "| --- | --- | --- | --- |"]
+    for found in dataclasses.fields(config):
+        default = "required" if found.default is dataclasses.MISSING else f"`{found.default!r}`"
+        kind = str(found.type).replace("|", "or")
+        text = found.metadata.get("help", "").replace("|", "\\|")
+        rows.append(f"| `{found.name}` | {kind} | {default} | {text} |")
+    return "\n".join(rows)
+
+
+def cli_help(command: str | None) -> str:
+    """``posswap [COMMAND] --help`` as argparse prints it, at a fixed width so the page does not depend on a terminal."""
+    from posswap.cli import build_parser
+
+    os.environ["COLUMNS"] = "110"
+    parser = build_parser()
+    if command is not None:
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        if command not in commands.choices:
+            raise ValueError(f"posswap:cli {command}: posswap has no such command ({', '.join(commands.choices)}).")
+        parser = commands.choices[command]
+    return "```text\n" + parser.format_help().rstrip() + "\n```"
+
+
+def include(name: str) -> str:
+    """A markdown file of the repository root, with its ``docs/...`` links made relative to the docs folder."""
+    found = ROOT / name
+    if not found.is_file():
+        raise ValueError(f"posswap:include {name}: no such file at the repository root.")
+    return found.read_text().replace("](docs/", "](")
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    def fill(match: re.Match) -> str:
+        kind, name = match.groups()
+        return {"options": options_table, "cli": cli_help, "include": include}[kind](name)
+
+    return MARKER.sub(fill, markdown)
+
+
+def on_files(files, config):
+    for picture in sorted((ROOT / "results").rglob("*.png")):
+        path = picture.relative_to(ROOT).as_posix()
+        if path.startswith("results/edition1/"):  # the superseded first study: no page shows it
+            continue
+        files.append(File(path, str(ROOT), config["site_dir"], config["use_directory_urls"]))
+    return files
