@@ -25,7 +25,9 @@ class InterpolateConfig(PositionConfig):
     mode: str = field(
         default="copy",
         metadata={
-            "help": "copy: tile the old rows (Longformer); linear / cubic: resample the table (position interpolation)."
+            "help": "copy: tile the old rows (Longformer); linear / cubic: resample the table (position interpolation); "
+            "stride: old row i at position k*i, k = max_length // old, the rows between interpolated (LongEmbed's "
+            "E5-Base-4k)."
         },
     )
 

@@ -20,7 +20,7 @@ from .posswap_architectures import ARCHITECTURES
 CORE_KEYS = ("method", "max_length", "original_length")
 _BACKENDS = (None, "sdpa", "flex", "eager")
 _ABSOLUTE = ("drop", "keep")
-_MODES = ("copy", "linear", "cubic")
+_MODES = ("copy", "linear", "cubic", "stride")  # posswap_functional.RESAMPLE_MODES
 
 
 def _integer(minimum: int, maximum: int | None = None) -> Callable[[Any, dict], str | None]:

@@ -8,7 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-RESAMPLE_MODES = ("copy", "linear", "cubic")
+RESAMPLE_MODES = ("copy", "linear", "cubic", "stride")
 
 
 def resample_table(table: torch.Tensor, rows: int, mode: str) -> torch.Tensor:
@@ -19,6 +19,8 @@ def resample_table(table: torch.Tensor, rows: int, mode: str) -> torch.Tensor:
     - ``linear`` / ``cubic``: the table resampled along positions (position interpolation). Corners are
       aligned so position 0 keeps its exact vector and new position p reads old position
       p * (old - 1) / (rows - 1), close to Chen et al.'s p * old / rows.
+    - ``stride``: LongEmbed's E5-Base-4k placement (:func:`stride_table`): old row i exactly at position k * i,
+      k = rows // old, the rows between filled by linear interpolation.
     Same length is the identity for every mode. Math in fp32, result in the table's dtype.
     """
     if mode not in RESAMPLE_MODES:
@@ -28,6 +30,8 @@ def resample_table(table: torch.Tensor, rows: int, mode: str) -> torch.Tensor:
         return table.clone()
     if mode == "copy":
         return table.repeat(math.ceil(rows / old), 1)[:rows].clone()
+    if mode == "stride":
+        return stride_table(table, rows)
     if old == 1:
         return table.expand(rows, -1).clone()
     # (rows, dim) -> (1, dim, rows, 1): a one-pixel-wide image, so "bicubic" is cubic along positions.
@@ -35,6 +39,23 @@ def resample_table(table: torch.Tensor, rows: int, mode: str) -> torch.Tensor:
     mode_2d = "bilinear" if mode == "linear" else "bicubic"
     resized = F.interpolate(image, size=(rows, 1), mode=mode_2d, align_corners=True)
     return resized[0, :, :, 0].t().to(table.dtype).contiguous()
+
+
+def stride_table(table: torch.Tensor, rows: int) -> torch.Tensor:
+    """LongEmbed's E5-Base-4k initialisation (Zhu et al. 2024): old row i becomes row k * i, k = rows // old, so
+    that position ids multiplied by k read the original table exactly. LongEmbed trains the rows between; here they
+    start on the straight line between their placed neighbours (row k*i + j = old_i + (old_{i+1} - old_i) * j / k)
+    and the rows past the last placed one (k*(old-1) + 1 ...) repeat it. Shrinking keeps the first ``rows`` rows."""
+    old = table.shape[0]
+    k = rows // old
+    if k <= 1:  # same length, shrinking, or too few rows for a stride of 2: the old rows stay where they are
+        return torch.cat([table[:rows], table[-1:].expand(max(rows - old, 0), -1)]).clone()
+    placed = table.detach().float()
+    fractions = torch.arange(k, dtype=torch.float32)[:, None, None] / k  # (k, 1, 1): j / k
+    between = placed[:-1] + (placed[1:] - placed[:-1]) * fractions  # (k, old - 1, dim): row k*i + j at [j, i]
+    body = between.transpose(0, 1).reshape(k * (old - 1), -1)
+    tail = placed[-1:].expand(rows - body.shape[0], -1)
+    return torch.cat([body, tail]).to(table.dtype).contiguous()
 
 
 def resample_positions(weight: torch.Tensor, offset: int, rows: int, mode: str) -> torch.Tensor:

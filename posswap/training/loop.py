@@ -110,6 +110,10 @@ def train(
     recipe.validate()  # also when built in Python rather than by recipe_from_dict
     recipe.check_sources()
     with hold_run_dir(Path(recipe.train.output_dir)):  # one run per folder, from the first check to the last write
+        if recipe.embedding is not None:  # a sentence-transformers model, with its own trainer: training/embedding.py
+            from .embedding import train_embedding
+
+            return train_embedding(recipe, raw, resume, callbacks, overwrite, force)
         return _train(recipe, raw, resume, callbacks, overwrite, force)
 
 

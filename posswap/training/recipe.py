@@ -24,6 +24,7 @@ from ..config import (
     shown,
 )
 from ..evaluation.harness import check_settings
+from .embedding_recipe import EmbeddingSpec, check_embedding_recipe
 
 TRAINABLE = ("full", "positions", "lora", "head")
 MIXED_PRECISION = ("no", "bf16", "fp16")
@@ -167,6 +168,7 @@ class Recipe:
     train: TrainSpec = field(default_factory=TrainSpec)
     eval: EvalSpec = field(default_factory=EvalSpec)
     push_to_hub: str | None = None
+    embedding: EmbeddingSpec | None = None  # set: a sentence-transformers model trained on (passage, document) pairs
 
     @property
     def max_length(self) -> int | None:
@@ -197,6 +199,9 @@ class Recipe:
         self.eval.validate()
         if self.max_length is not None:
             self.check_windows(self.max_length)
+        if self.embedding is not None:
+            self.embedding.validate(self.max_length)
+            check_embedding_recipe(self, Recipe(model="", posswap=None))
 
     def check_windows(self, max_length: int) -> None:
         """Each training window holds a repeated span and its copy (``max_length``: the patched length, or
@@ -220,6 +225,7 @@ class Recipe:
         as_dict = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         as_dict.update({name: dataclasses.asdict(getattr(self, name)) for name in ("data", "train", "eval")})
         as_dict["posswap"] = self.posswap.to_dict() if self.posswap is not None else None
+        as_dict["embedding"] = dataclasses.asdict(self.embedding) if self.embedding is not None else None
         return as_dict
 
 
@@ -329,6 +335,7 @@ def recipe_from_dict(raw: dict[str, Any]) -> Recipe:
         train=_build(TrainSpec, raw.get("train"), "train"),
         eval=_build(EvalSpec, raw.get("eval"), "eval"),
         push_to_hub=raw.get("push_to_hub"),
+        embedding=_build(EmbeddingSpec, raw["embedding"], "embedding") if raw.get("embedding") is not None else None,
     )
     recipe.validate()
     return recipe

@@ -1,0 +1,157 @@
+"""``posswap train`` for a recipe with an ``embedding:`` block: a sentence-transformers model patched to its new
+length, then trained with sentence-transformers' own trainer and ranking loss on (passage, document) pairs cut
+from the training text, read top to bottom:
+
+load (a sentence-transformers folder; a plain encoder gets mean pooling) + patch -> what trains, dropout ->
+pairs (:mod:`.embedding_data`) -> MultipleNegativesRankingLoss (cached: many in-batch negatives, a few documents
+at a time) -> SentenceTransformerTrainer (cosine schedule, no checkpoints: the trainer would pickle its optimizer)
+-> the model saved whole as a sentence-transformers folder, atomically -> log.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import yaml
+from torch import nn
+from transformers import TrainerCallback, get_cosine_schedule_with_warmup
+
+from ..files import check_folder_target, check_writable, write_folder
+from ..loading import resolve_model_id
+from ..patching import patch, patched_config
+from ..sentence_models import load_sentence_transformer, save, transformer_module
+from .embedding_data import document_pairs
+from .recipe import Recipe
+from .trainable import position_parameter_names, select_trainable
+
+FLAG = "train.output_dir: model folder"
+
+
+def train_embedding(recipe: Recipe, raw, resume: bool, callbacks, overwrite: bool, force: bool) -> Path:
+    """Run an embedding recipe; returns the folder of the trained sentence-transformers model."""
+    from sentence_transformers import SentenceTransformerTrainer
+
+    t, e = recipe.train, recipe.embedding
+    if resume or force:
+        raise ValueError("--resume / --force: an embedding recipe keeps no checkpoints to resume; run it again.")
+    run_dir = Path(t.output_dir)
+    final_dir = run_dir / "model"
+    source = resolve_model_id(recipe.model)
+    local = source if Path(source).exists() else None
+    check_folder_target(final_dir, overwrite, local, flag=FLAG)  # found out now, not after the training
+    check_writable(final_dir, flag=FLAG)
+    torch.manual_seed(t.seed)
+    model = load_sentence_model(recipe)
+    transformer = transformer_module(model).auto_model
+    if e.dropout is not None:  # SDPA's backward with dropout on CPU is ~4x slower than without (measured at 2048)
+        for module in transformer.modules():
+            if isinstance(module, nn.Dropout):
+                module.p = e.dropout
+        transformer.config.attention_probs_dropout_prob = e.dropout
+    position_names = {f"{transformer_prefix(model, transformer)}{n}" for n in position_parameter_names(transformer)}
+    select_trainable(transformer, t.trainable, t.train_norms)
+    pairs = document_pairs(
+        recipe.data.train, model.tokenizer, e.document_lengths, e.pairs, e.anchor_words, t.seed, recipe.data.text_column
+    )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "recipe.yaml").write_text(yaml.safe_dump(raw or {}, sort_keys=False))
+    (run_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=1) + "\n")
+    trainer = SentenceTransformerTrainer(
+        model=model,
+        args=training_arguments(recipe, run_dir),
+        train_dataset=pairs.select_columns(["anchor", "positive"]),
+        loss=ranking_loss(model, e),
+        optimizers=optimizer_and_schedule(model, position_names, t),
+        callbacks=[JsonLog(run_dir / "log.jsonl", model, callbacks)],
+    )
+    trainer.train()
+    model.eval()
+    write_folder(final_dir, lambda folder: save(model, folder), overwrite=overwrite, source=local, flag=FLAG)
+    return final_dir
+
+
+def load_sentence_model(recipe: Recipe):
+    """The recipe's model as a ``SentenceTransformer`` on the CPU, patched as the recipe says; a folder that is a
+    plain transformers encoder is wrapped with mean pooling (as ``SentenceTransformer(name)`` does)."""
+    from sentence_transformers import SentenceTransformer
+
+    name = resolve_model_id(recipe.model)
+    model = load_sentence_transformer(name, device="cpu")
+    if model is None:
+        model = SentenceTransformer(name, device="cpu")
+    if recipe.posswap is not None and patched_config(transformer_module(model).auto_model) != recipe.posswap:
+        patch(model, recipe.posswap)
+    return model
+
+
+def transformer_prefix(model: nn.Module, transformer: nn.Module) -> str:
+    """The name prefix of ``transformer``'s parameters inside ``model`` (e.g. ``0.auto_model.``)."""
+    return next(f"{name}." for name, module in model.named_modules() if module is transformer)
+
+
+def ranking_loss(model, e) -> nn.Module:
+    from sentence_transformers.sentence_transformer import losses
+
+    if e.loss == "mnrl":
+        return losses.MultipleNegativesRankingLoss(model, scale=e.scale)
+    return losses.CachedMultipleNegativesRankingLoss(model, scale=e.scale, mini_batch_size=e.mini_batch_size)
+
+
+def optimizer_and_schedule(model: nn.Module, position_names: set[str], t):
+    """AdamW with warmup and cosine decay over ``max_steps``, as the MLM/CLM loop; no decay on biases and norms;
+    the position table at ``train.position_lr`` when given (new rows start from copies of old ones)."""
+    groups: dict[tuple[float, float], list] = {}
+    for name, parameter in model.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        rate = t.position_lr if t.position_lr is not None and name in position_names else t.lr
+        decay = t.weight_decay if parameter.ndim >= 2 else 0.0
+        groups.setdefault((rate, decay), []).append(parameter)
+    optimizer = torch.optim.AdamW(
+        [{"params": ps, "lr": rate, "weight_decay": decay} for (rate, decay), ps in groups.items()], lr=t.lr
+    )
+    return optimizer, get_cosine_schedule_with_warmup(optimizer, t.warmup_steps, t.max_steps)
+
+
+def training_arguments(recipe: Recipe, run_dir: Path):
+    from sentence_transformers import SentenceTransformerTrainingArguments
+    from sentence_transformers.base.sampler import BatchSamplers
+
+    t = recipe.train
+    return SentenceTransformerTrainingArguments(
+        output_dir=str(run_dir / "trainer"),
+        max_steps=t.max_steps,
+        per_device_train_batch_size=t.batch_size,
+        gradient_accumulation_steps=t.grad_accum,
+        max_grad_norm=1.0,
+        gradient_checkpointing=t.gradient_checkpointing,
+        logging_steps=t.log_every,
+        save_strategy="no",  # a Trainer checkpoint pickles the optimizer; posswap writes safetensors only
+        report_to=[],
+        seed=t.seed,
+        data_seed=t.seed,
+        use_cpu=not torch.cuda.is_available(),
+        dataloader_drop_last=True,
+        batch_sampler=BatchSamplers.NO_DUPLICATES,  # a repeated passage would be its own false negative
+        disable_tqdm=False,
+    )
+
+
+class JsonLog(TrainerCallback):
+    """``log.jsonl`` lines (step, loss, lr) as the MLM/CLM loop writes them; ``callbacks`` get
+    ``(step, loss, model)`` at each logged step."""
+
+    def __init__(self, path: Path, model: nn.Module, callbacks) -> None:
+        self.path, self.model, self.callbacks = path, model, list(callbacks)
+        path.write_text("")
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "loss" not in logs:
+            return
+        line = {"step": state.global_step, "loss": logs["loss"], "lr": logs.get("learning_rate")}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+        for callback in self.callbacks:
+            callback(state.global_step, logs["loss"], self.model)

@@ -1,0 +1,88 @@
+"""The ``embedding:`` block of a recipe: train a sentence-transformers model at its new length with
+sentence-transformers' own trainer and losses (:mod:`posswap.training.embedding`). Checked with the rest of the
+recipe, before anything is loaded; keys of ``train:`` / ``data:`` / ``eval:`` that only the MLM/CLM loop uses are
+refused here rather than silently ignored."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ..config import check_choice, check_number, check_positive_int, shown
+
+LOSSES = ("cached_mnrl", "mnrl")
+
+
+@dataclass
+class EmbeddingSpec:
+    document_lengths: list[int] = field(
+        default_factory=lambda: [512],
+        metadata={
+            "help": "Token lengths of the documents cut from data.train, used in turn (repeat one to weight it)."
+        },
+    )
+    pairs: int = field(default=256, metadata={"help": "(passage, document) pairs in the training set."})
+    anchor_words: int = field(default=24, metadata={"help": "Words in the passage drawn from each document."})
+    loss: str = field(
+        default="cached_mnrl",
+        metadata={
+            "help": "cached_mnrl (GradCache: a big batch of in-batch negatives, a few documents at a time) or mnrl."
+        },
+    )
+    mini_batch_size: int = field(default=1, metadata={"help": "cached_mnrl: texts embedded per pass."})
+    scale: float = field(default=20.0, metadata={"help": "Inverse temperature of the ranking loss (MNRL's scale)."})
+    dropout: float | None = field(
+        default=None, metadata={"help": "Dropout while training (null: the model's own). 0 is ~4x faster on CPU."}
+    )
+
+    def validate(self, max_length: int | None) -> None:
+        if not isinstance(self.document_lengths, list) or not self.document_lengths:
+            raise ValueError(
+                f"embedding.document_lengths must be a non-empty list of token lengths, got {shown(self.document_lengths)}."
+            )
+        for length in self.document_lengths:
+            check_positive_int("embedding.document_lengths entries", length)
+            if length < 2 * self.anchor_words:
+                raise ValueError(
+                    f"embedding.document_lengths entry {length} is shorter than twice embedding.anchor_words "
+                    f"({self.anchor_words}): a document must be more than its passage."
+                )
+            if max_length is not None and length > max_length:
+                raise ValueError(
+                    f"embedding.document_lengths entry {length} is longer than posswap.max_length ({max_length})."
+                )
+        check_positive_int("embedding.pairs", self.pairs)
+        check_positive_int("embedding.anchor_words", self.anchor_words)
+        check_choice("embedding.loss", self.loss, LOSSES)
+        check_positive_int("embedding.mini_batch_size", self.mini_batch_size)
+        check_number("embedding.scale", self.scale, above=0)
+        if self.dropout is not None:
+            check_number("embedding.dropout", self.dropout, minimum=0, below=1)
+
+
+def check_embedding_recipe(recipe: Any, defaults: Any) -> None:
+    """Keys outside ``embedding:`` that an embedding run cannot honour: an error naming the key, not a key that
+    is read and then ignored. ``defaults`` is a fresh ``Recipe`` (its blocks hold the default values)."""
+    t, d = recipe.train, defaults.train
+    unused = ("pose_window", "curriculum", "mlm_probability", "save_every", "keep_checkpoints", "lora")
+    for name in unused:
+        if getattr(t, name) != getattr(d, name):
+            raise ValueError(
+                f"train.{name} is not used by an embedding recipe (sentence-transformers' trainer, no checkpoints); "
+                "remove it."
+            )
+    check_choice("train.trainable (embedding recipe)", t.trainable, ("full", "positions"))
+    check_choice("train.mixed_precision (embedding recipe)", t.mixed_precision, ("no",))
+    if recipe.tokenizer is not None:
+        raise ValueError(
+            "tokenizer: an embedding recipe uses the sentence-transformers model's own tokenizer; remove it."
+        )
+    for name in ("repeat_fraction", "repeat_span", "streaming"):
+        if getattr(recipe.data, name) != getattr(defaults.data, name):
+            raise ValueError(f"data.{name} is not used by an embedding recipe; remove it.")
+    changed = [f.name for f in fields(recipe.eval) if getattr(recipe.eval, f.name) != getattr(defaults.eval, f.name)]
+    if changed:
+        raise ValueError(
+            f"eval.{changed[0]}: the eval block runs the MLM/CLM harness, which does not apply to an embedding "
+            "recipe; remove it and evaluate with posswap.evaluation.retrieval."
+        )

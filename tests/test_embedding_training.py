@@ -1,0 +1,172 @@
+"""Long embeddings: the ``stride`` interpolation mode (LongEmbed's E5-Base-4k placement of the old rows), the
+(passage, document) pairs, and an embedding recipe run end to end with sentence-transformers' trainer on a tiny
+BERT wrapped as a SentenceTransformer (MiniLM's tokenizer)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+import yaml
+from conftest import make_model, outputs, reload_and_compare, token_ids
+
+import posswap
+from posswap.cli import main
+from posswap.data import read_document
+from posswap.portable.posswap_functional import resample_positions, resample_table
+from posswap.training.embedding_data import document_pairs
+
+st = pytest.importorskip("sentence_transformers")
+try:  # sentence-transformers 6
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+except ImportError:  # 5
+    from sentence_transformers.models import Pooling, Transformer
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
+
+
+def stride_by_hand(table: torch.Tensor, rows: int) -> torch.Tensor:
+    """Row by row: p = k*i + j reads old row i moved j/k of the way to row i + 1; past the last placed row, that row."""
+    old, k = table.shape[0], rows // table.shape[0]
+    out = []
+    for p in range(rows):
+        i, j = divmod(p, k)
+        out.append(table[i] + (table[i + 1] - table[i]) * (j / k) if i < old - 1 else table[old - 1])
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("old,rows", [(5, 20), (5, 23), (8, 16), (3, 31)])
+def test_stride_places_old_rows_every_kth_position(old, rows):
+    table = torch.randn(old, 6)
+    new = resample_table(table, rows, "stride")
+    k = rows // old
+    assert new.shape == (rows, 6)
+    assert torch.equal(new[: k * old : k], table)  # old row i exactly at k * i
+    torch.testing.assert_close(new, stride_by_hand(table, rows), atol=1e-6, rtol=0)
+
+
+def test_stride_same_length_and_shrinking():
+    table = torch.randn(8, 4)
+    assert torch.equal(resample_table(table, 8, "stride"), table)
+    assert torch.equal(resample_table(table, 5, "stride"), table[:5])
+    widened = resample_table(table, 12, "stride")  # k = 1: rows stay, the new ones repeat the last
+    assert torch.equal(widened[:8], table) and torch.equal(widened[8:], table[-1:].expand(4, -1))
+
+
+def test_stride_keeps_robertas_padding_rows():
+    model = make_model("roberta", "RobertaModel")
+    weight = model.embeddings.position_embeddings.weight.detach().clone()  # 2 padding rows, then 32 positions
+    posswap.patch(model, posswap.InterpolateConfig(max_length=128, mode="stride"))
+    new = model.embeddings.position_embeddings.weight.detach()
+    assert new.shape[0] == 2 + 128
+    assert torch.equal(new[:2], weight[:2])
+    assert torch.equal(new[2::4], weight[2:])  # position k*i (row 2 + k*i) holds old position i
+    torch.testing.assert_close(new, resample_positions(weight, 2, 128, "stride"), atol=0, rtol=0)
+    torch.testing.assert_close(new[2:], stride_by_hand(weight[2:], 128), atol=1e-6, rtol=0)
+
+
+def test_stride_model_runs_and_round_trips(tmp_path):
+    model = posswap.patch(make_model("bert", "BertModel"), posswap.InterpolateConfig(max_length=128, mode="stride"))
+    assert torch.isfinite(outputs(model, token_ids(128))).all()
+    loaded = reload_and_compare(model, tmp_path, 128)
+    assert loaded.config.posswap["mode"] == "stride"
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("text") / "emma.txt"
+    path.write_text(read_document("emma")[:60_000])
+    return path
+
+
+def test_pairs_come_from_one_document(text_file, minilm_path):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_path)
+    pairs = document_pairs(str(text_file), tokenizer, [64, 128], pairs=12, anchor_words=8, seed=3)
+    source = " ".join(text_file.read_text().split())
+    for i, row in enumerate(pairs):
+        assert row["positive"] in source  # a stretch of the text, whitespace aside
+        assert row["anchor"] in row["positive"] and len(row["anchor"].split()) == 8  # the passage is inside it
+        tokens = len(tokenizer(row["positive"])["input_ids"])
+        assert [64, 128][i % 2] - 3 <= tokens <= [64, 128][i % 2]  # read whole at its length ([CLS], [SEP] in)
+    again = document_pairs(str(text_file), tokenizer, [64, 128], pairs=12, anchor_words=8, seed=3)
+    assert again.to_dict() == pairs.to_dict()  # seeded
+    other = document_pairs(str(text_file), tokenizer, [64, 128], pairs=12, anchor_words=8, seed=4)
+    assert other["positive"] != pairs["positive"]
+
+
+@pytest.fixture(scope="module")
+def tiny_st(tmp_path_factory, minilm_path) -> Path:
+    """A sentence-transformers folder: a tiny random BERT (64 positions) with MiniLM's tokenizer, mean pooling."""
+    folder = tmp_path_factory.mktemp("tiny-st")
+    torch.manual_seed(0)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_path, model_max_length=64)
+    config = transformers.BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+    )
+    transformers.BertModel(config).save_pretrained(folder / "bert")
+    tokenizer.save_pretrained(folder / "bert")
+    model = st.SentenceTransformer(modules=[Transformer(str(folder / "bert")), Pooling(32, "mean")], device="cpu")
+    model.save(str(folder / "st"))
+    return folder / "st"
+
+
+def recipe(tiny_st: Path, text_file: Path, out: Path) -> dict:
+    return {
+        "model": str(tiny_st),
+        "posswap": {"method": "interpolate", "max_length": 256, "mode": "stride"},
+        "data": {"train": str(text_file)},
+        "embedding": {"document_lengths": [64, 256], "pairs": 8, "anchor_words": 8, "mini_batch_size": 2},
+        "train": {"output_dir": str(out), "max_steps": 3, "batch_size": 4, "lr": 1e-3, "log_every": 1},
+    }
+
+
+def test_embedding_recipe_runs_end_to_end(tiny_st, text_file, tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe(tiny_st, text_file, tmp_path / "run")))
+    assert main(["train", str(path)]) == 0
+    folder = tmp_path / "run" / "model"
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in log] == [1, 2, 3]
+    trained = posswap.from_pretrained(str(folder), device="cpu")
+    assert isinstance(trained, st.SentenceTransformer) and trained.max_seq_length == 256
+    assert trained[0].auto_model.config.posswap["mode"] == "stride"
+    plain = st.SentenceTransformer(str(folder), device="cpu")  # interpolate: a stock folder of a new size
+    texts = ["word " * 200, "A short one."]
+    torch.testing.assert_close(trained.encode(texts), plain.encode(texts), atol=1e-5, rtol=0)
+    # It trained: the position table moved from where the patch put it.
+    untrained = posswap.patch(
+        st.SentenceTransformer(str(tiny_st), device="cpu"), posswap.InterpolateConfig(256, "stride")
+    )
+    table = lambda m: m[0].auto_model.embeddings.position_embeddings.weight  # noqa: E731
+    assert not torch.equal(table(trained), table(untrained))
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda r: r["embedding"].update(pairz=3), r"Unknown key\(s\) in embedding: pairz"),
+        (lambda r: r["embedding"].update(loss="triplet"), "embedding.loss must be one of"),
+        (lambda r: r["embedding"].update(document_lengths=[512]), "longer than posswap.max_length"),
+        (lambda r: r["train"].update(curriculum=[64, 128]), "train.curriculum is not used by an embedding recipe"),
+        (lambda r: r["train"].update(trainable="lora"), "train.trainable .embedding recipe. must be one of"),
+        (lambda r: r.update(eval={"lengths": [64]}), "eval.lengths"),
+    ],
+)
+def test_bad_embedding_recipe_is_one_line_and_writes_nothing(tiny_st, text_file, tmp_path, capsys, change, message):
+    raw = recipe(tiny_st, text_file, tmp_path / "run")
+    change(raw)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["train", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert re.search(message, err) and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()
