@@ -31,6 +31,15 @@ from transformers.integrations.flex_attention import compile_friendly_flex_atten
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, flex_attention_mask, sdpa_mask
 
+from .posswap_blocked import (
+    contiguous_positions,
+    distance_vector,
+    fast_sdpa,
+    general_sdpa,
+    key_prefix_lengths,
+    shift_invariant,
+    wanted,
+)
 from .posswap_hooks import find_hooks
 from .posswap_state import STATE_KWARG, install_call_state, shared
 
@@ -209,18 +218,24 @@ def _build_mask(module, query, key, attention_mask, position_ids, kwargs) -> tor
     positions = bias_positions(
         position_ids, q_len, k_len, query.device, provider.position_offset, kwargs, _first_id(module)
     )
-    bias = provider.bias(*positions).to(query.dtype)
-    lowest = torch.finfo(query.dtype).min
+    return merge_mask(module, provider.bias(*positions).to(query.dtype), attention_mask, q_len, k_len)
+
+
+def merge_mask(module, bias, attention_mask, q_len: int, k_len: int, first_row: int = 0) -> torch.Tensor:
+    """The bias (b|1, heads, rows, keys) of queries ``first_row ..`` (of ``q_len``) against the first ``keys`` of
+    ``k_len`` keys, with the mask (already cut to those rows) folded in as one float mask."""
+    rows, keys = bias.shape[-2:]
+    lowest = torch.finfo(bias.dtype).min
     if attention_mask is None and module.is_causal and q_len > 1:
         # SDPA would have used is_causal; a bias rules that out, so the causal mask is built here
         # (bottom-right aligned: correct with cached keys too).
-        attention_mask = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(k_len - q_len)
+        attention_mask = torch.ones(rows, keys, dtype=torch.bool, device=bias.device).tril(k_len - q_len + first_row)
     if attention_mask is None:
         combined = bias
     elif attention_mask.dtype == torch.bool:
         combined = _writable(bias, attention_mask.shape).masked_fill_(~attention_mask, lowest)
     else:  # additive float mask: clamp so that lowest + bias cannot overflow to -inf
-        mask = attention_mask[..., :k_len].to(query.dtype)
+        mask = attention_mask[..., :keys].to(bias.dtype)
         combined = _writable(bias, mask.shape).add_(mask).clamp_min_(lowest)
     return combined
 
@@ -251,11 +266,17 @@ def bias_sdpa_attention(module, query, key, value, attention_mask, dropout: floa
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     scaling, head_dim = (query.shape[-1] ** -0.5 if scaling is None else scaling), value.shape[-1]
-    mask = additive_mask(module, query, key, attention_mask, kwargs) if module.posswap_bias.has_bias else None
+    blocked = module.posswap_bias.has_bias and wanted(module, query, key, value, dropout)
+    mask = None
+    if module.posswap_bias.has_bias and not blocked:
+        mask = additive_mask(module, query, key, attention_mask, kwargs)
     query, key = with_features(module, query, key, scaling, kwargs)
     if query.shape[-1] != head_dim:
         # CPU's fused SDPA kernels want v as wide as q and k (else the math path, 3x slower): zeros, cut off after.
         value = F.pad(value, (0, query.shape[-1] - head_dim))
+    if blocked:  # inference on CPU: the bias never built whole (posswap_blocked.py)
+        out = blocked_attention(module, query, key, value, attention_mask, scaling, kwargs)
+        return out[..., :head_dim].transpose(1, 2).contiguous(), None
     if mask is None:  # features only: the model's own mask (or is_causal), as plain SDPA runs it
         out, _ = sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
@@ -263,6 +284,40 @@ def bias_sdpa_attention(module, query, key, value, attention_mask, dropout: floa
         return out[..., :head_dim].contiguous(), None
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
     return out[..., :head_dim].transpose(1, 2).contiguous(), None
+
+
+def blocked_attention(module, query, key, value, attention_mask, scaling: float, kwargs: dict) -> torch.Tensor:
+    """SDPA with the bias made block by block (``posswap_blocked.py``), (batch, heads, q, head_dim). The
+    positions and the plan (shift-invariant bias vector, right-padding lengths) are made once per forward."""
+    provider: BiasProvider = module.posswap_bias
+    q_len, k_len = query.shape[2], key.shape[2]
+    position_ids = kwargs.get("position_ids")
+    causal = module.is_causal and q_len > 1
+
+    def locate():
+        return bias_positions(
+            position_ids, q_len, k_len, query.device, provider.position_offset, kwargs, _first_id(module)
+        )
+
+    positions = shared(kwargs, (provider, "positions"), (position_ids, q_len, k_len), locate)
+
+    def plan():
+        if not shift_invariant(provider) or not contiguous_positions(positions[1]):
+            return None
+        if attention_mask is None:
+            lengths = None
+        elif causal or (lengths := key_prefix_lengths(attention_mask, q_len, k_len)) is None:
+            return None
+        return distance_vector(provider, q_len, k_len, causal, query.dtype), lengths
+
+    fast = shared(kwargs, (provider, "plan"), (attention_mask, position_ids, q_len, k_len, query.dtype), plan)
+    if fast is not None:
+        return fast_sdpa(query, key, value, fast[0], causal, fast[1], scaling)
+
+    def combine(q_pos, k_pos, mask, rows):
+        return merge_mask(module, provider.bias(q_pos, k_pos).to(query.dtype), mask, q_len, k_len, rows[0])
+
+    return general_sdpa(query, key, value, attention_mask, positions, combine, causal, scaling)
 
 
 def bias_eager_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
