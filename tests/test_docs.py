@@ -51,8 +51,9 @@ def test_every_relative_link_of_the_front_pages_exists(page):
 
 
 def test_every_public_name_is_in_the_api_reference():
-    reference = (DOCS / "reference.md").read_text()
-    missing = [name for name in posswap.__all__ if f"::: posswap.{name}\n" not in reference]
+    # '::: posswap.NAME', or the object's own module path where a module shares the name (posswap.export.export)
+    documented = set(re.findall(r"^::: posswap(?:\.\w+)*\.(\w+)$", (DOCS / "reference.md").read_text(), re.MULTILINE))
+    missing = sorted(set(posswap.__all__) - documented)
     assert not missing, f"docs/reference.md lacks '::: posswap.NAME' for {missing}"
 
 
