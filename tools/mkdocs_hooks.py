@@ -2,7 +2,7 @@
 it cannot go stale.
 
 - ``<!-- posswap:options RopeConfig -->`` becomes the options table of that config dataclass, from its fields' ``help``
-  metadata (the text ``posswap patch --help`` prints).
+  metadata (the text ``posswap patch --help`` prints); a dotted path names a dataclass elsewhere in posswap.
 - ``<!-- posswap:cli patch -->`` becomes ``posswap patch --help`` (``<!-- posswap:cli -->``: ``posswap --help``).
 - ``<!-- posswap:include CONTRIBUTING.md -->`` becomes that file of the repository root, its links into ``docs/``
   made relative to the site, so the file GitHub shows and the site's page are one text.
@@ -25,15 +25,24 @@ MARKER = re.compile(r"^<!-- posswap:(options|cli|include)(?: ([\w.-]+))? -->$", 
 
 
 def options_table(name: str) -> str:
-    """The fields of ``posswap.<name>`` as a markdown table: option, type, default, what it does."""
+    """The fields of ``posswap.<name>`` (or of the dataclass at the dotted path ``name``) as a markdown table:
+    option, type, default, what it does."""
+    import importlib
+
     import posswap
 
-    config = getattr(posswap, name, None)
+    module, _, attribute = name.rpartition(".")
+    config = getattr(importlib.import_module(module) if module else posswap, attribute, None)
     if config is None or not dataclasses.is_dataclass(config):
         raise ValueError(f"posswap:options {name}: posswap has no config dataclass of that name.")
     rows = ["| option | type | default | what it does |", "| --- | --- | --- | --- |"]
     for found in dataclasses.fields(config):
-        default = "required" if found.default is dataclasses.MISSING else f"`{found.default!r}`"
+        if found.default is not dataclasses.MISSING:
+            default = f"`{found.default!r}`"
+        elif found.default_factory is not dataclasses.MISSING:
+            default = f"`{found.default_factory()!r}`"
+        else:
+            default = "required"
         kind = str(found.type).replace("|", "or")
         text = found.metadata.get("help", "").replace("|", "\\|")
         rows.append(f"| `{found.name}` | {kind} | {default} | {text} |")
