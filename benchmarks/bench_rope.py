@@ -1,7 +1,7 @@
 """Speed and peak memory of a RoPE-patched GPT-2 against the stock model, in one run, as ratios.
 
-    python benchmarks/bench_rope.py --lengths 256,512,1024 --repeats 3
-    python benchmarks/bench_rope.py --interleaved --lengths 256,512,1024   # time only, one process
+    python benchmarks/bench_rope.py --lengths 256 512 1024 --repeats 3
+    python benchmarks/bench_rope.py --interleaved --lengths 256 512 1024   # time only, one process
 
 Default: each (model, length, pass) runs in its own subprocess so that its peak RSS (ru_maxrss) is its own;
 on a GPU the peak comes from torch.cuda.max_memory_allocated. --interleaved builds both models in one
@@ -87,7 +87,7 @@ def interleaved(lengths: list[int], repeats: int, device: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", default="256,512,1024")
+    parser.add_argument("--lengths", nargs="+", action="extend", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
@@ -101,13 +101,13 @@ def main() -> None:
         return
 
     if args.interleaved:
-        interleaved(list(map(int, args.lengths.split(","))), args.repeats, args.device)
+        interleaved(args.lengths or [256, 512, 1024], args.repeats, args.device)
         return
     print(f"GPT-2-small config (12 x 768, 12 heads), batch 1, device {args.device}, best of {args.repeats}")
     print(
         f"{'length':>7} {'pass':>8} {'stock s':>9} {'rope s':>9} {'time ratio':>11} {'stock MiB':>10} {'rope MiB':>9} {'mem ratio':>10}"
     )
-    for length in map(int, args.lengths.split(",")):
+    for length in args.lengths or [256, 512, 1024]:
         for mode in ("fwd", "fwd+bwd"):
             result = {}
             for kind in ("stock", "rope"):

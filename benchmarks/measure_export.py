@@ -18,10 +18,10 @@ for scaling in (None, "linear", "yarn"):
     for rotary_dim in (None, 0.5):
         cases.append(
             (
-                f"gpt2 rope scaling={scaling} rotary_dim={rotary_dim}",
+                f"gpt2 rope rope_type={scaling} rotary_dim={rotary_dim}",
                 "gpt2",
                 "GPT2LMHeadModel",
-                posswap.RopeConfig(max_length=128, scaling=scaling, rotary_dim=rotary_dim),
+                posswap.RopeConfig(max_length=128, rope_type=scaling, rotary_dim=rotary_dim),
             )
         )
 for mt, head in (
@@ -41,7 +41,7 @@ result = posswap.export(mini, f"{root}/minilm")
 print(f"| real MiniLM BertModel rope 512->1024 | {result.architecture} | {result.max_difference:.1e} |")
 for name, config in (
     ("alibi", posswap.AlibiConfig(max_length=128)),
-    ("rope dynamic", posswap.RopeConfig(max_length=128, scaling="dynamic")),
+    ("rope dynamic", posswap.RopeConfig(max_length=128, rope_type="dynamic")),
 ):
     try:
         posswap.export(posswap.patch(make_model("gpt2", "GPT2LMHeadModel"), config), f"{root}/refused")

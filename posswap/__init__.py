@@ -2,7 +2,6 @@
 reaches further (an extended table, RoPE, ALiBi, a fixed sinusoid, or none), then train, evaluate and share the result."""
 
 from . import methods  # noqa: F401  (registers every method)
-from .architectures import ARCHITECTURES
 from .config import PositionConfig, config_from_dict
 from .evaluation import Results, evaluate
 from .export import export
@@ -10,19 +9,21 @@ from .hub import model_card, push_to_hub
 from .loading import from_pretrained
 from .methods.alibi import AlibiConfig
 from .methods.interpolate import InterpolateConfig
-from .methods.nope import NoPEConfig
+from .methods.nope import NopeConfig
 from .methods.rope import RopeConfig
 from .methods.sinusoidal import SinusoidalConfig
 from .methods.t5_bias import T5BiasConfig
 from .methods.tupe import TupeConfig
 from .patching import patch, patched_config
+from .portable.posswap_architectures import ARCHITECTURES
+from .training import load_recipe, train
 from .version import __version__
 
 __all__ = [
     "AlibiConfig",
     "ARCHITECTURES",
     "InterpolateConfig",
-    "NoPEConfig",
+    "NopeConfig",
     "PositionConfig",
     "Results",
     "RopeConfig",
@@ -34,8 +35,19 @@ __all__ = [
     "evaluate",
     "export",
     "from_pretrained",
+    "load_recipe",
     "model_card",
     "patch",
     "patched_config",
     "push_to_hub",
+    "train",
 ]
+
+# Names that were in the README of an earlier posswap -> their names now.
+_RENAMED = {"NoPEConfig": "NopeConfig", "functional": "portable.posswap_functional"}
+
+
+def __getattr__(name: str):
+    if name in _RENAMED:
+        raise AttributeError(f"posswap.{name} was renamed posswap.{_RENAMED[name]}; use posswap.{_RENAMED[name]}.")
+    raise AttributeError(f"module 'posswap' has no attribute {name!r}")

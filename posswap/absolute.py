@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .architectures import Sites
 from .config import check_choice
-from .functional import resample_positions
+from .portable.posswap_architectures import Sites
+from .portable.posswap_functional import resample_positions
 
 ABSOLUTE_CHOICES = ("drop", "keep")
 

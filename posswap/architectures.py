@@ -1,18 +1,11 @@
-"""Per-architecture facts. They live in ``posswap/portable`` because saved models carry them; this is their
-name inside the library, with the patch-time readings of them (first-layer q/k weights) that run time never needs."""
+"""Patch-time readings of a model's architecture (first-layer q/k weights, ELECTRA's projection) that run time
+never needs. The per-architecture facts themselves live in ``portable/posswap_architectures.py``, because saved
+models carry them; posswap imports them from there (one rule: portable names come from ``posswap.portable``)."""
 
 import torch
 from torch import nn
 
-from .portable.posswap_architectures import (  # noqa: F401
-    ARCHITECTURES,
-    POSITION_SIZED_BUFFERS,
-    Architecture,
-    Sites,
-    assign_buffers,
-    find_sites,
-    resized_position_buffers,
-)
+from .portable.posswap_architectures import Sites
 
 
 def first_layer_qk(sites: Sites) -> tuple[torch.Tensor, torch.Tensor]:

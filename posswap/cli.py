@@ -1,11 +1,22 @@
-"""``posswap patch|demo|eval|push|export``: the command line. Method options come from the method config dataclasses, so a
-new method gets its flags by being registered."""
+"""The command line: ``posswap patch|demo|eval|train|study|push|export``.
+
+- ``patch MODEL --method M --out DIR``: patch a checkpoint (or a sentence-transformers folder) and save it;
+- ``demo``: patch the embedded MiniLM and show it reads longer inputs;
+- ``eval MODEL ...``: score models at each context length (results.json and plots);
+- ``train RECIPE``: continued pretraining at the new length from a YAML recipe;
+- ``study``: the extension study (the copying presets, or the text study on GPT-2 and MiniLM);
+- ``push FOLDER REPO_ID``: upload a saved model with a posswap model card;
+- ``export MODEL --out DIR``: write a RoPE model as a native transformers model where one is exact.
+
+Method options come from the method config dataclasses, so a new method gets its flags by being registered. List
+flags take values separated by spaces and may be repeated (``--lengths 256 512 --lengths 1024``)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,23 +24,10 @@ import yaml
 
 from .config import check_number, load_yaml
 from .registry import METHODS
+from .version import __version__
 
-
-def _method_options(parser: argparse.ArgumentParser) -> None:
-    seen: set[str] = set()
-    for spec in METHODS.values():
-        group = parser.add_argument_group(f"--method {spec.name}")
-        for f in dataclasses.fields(spec.config_class):
-            if f.name in seen:
-                continue
-            seen.add(f.name)
-            group.add_argument(
-                "--" + f.name.replace("_", "-"),
-                dest=f.name,
-                type=_scalar,
-                default=None,
-                help=f.metadata.get("help"),
-            )
+DEFAULT_LENGTHS = (256, 512, 1024)
+DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 def _scalar(text: str) -> Any:
@@ -88,12 +86,16 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     from .evaluation import evaluate
     from .files import check_output_dir
 
+    if args.task != "text":  # long-document retrieval for sentence-transformers models
+        from .evaluation.retrieval import run_retrieval_command
+
+        return run_retrieval_command(args)
     check_output_dir(args.out)  # a file there fails now, not after the scoring
-    depths = _float_list(args.passkey_depths, "--passkey-depths", "0,0.5,1")
+    depths = args.passkey_depths or DEFAULT_DEPTHS
     results = evaluate(
         _short_names(args.models),
         args.tokenizer,
-        _int_list(args.lengths),
+        args.lengths or list(DEFAULT_LENGTHS),
         args.data,
         stride=args.stride,
         beyond=args.beyond,
@@ -114,25 +116,20 @@ def _cmd_push(args: argparse.Namespace) -> None:
     from .hub import push_to_hub
 
     try:
-        url = push_to_hub(args.folder, args.repo_id, results=args.results, plots=args.plots, private=args.private)
+        url = push_to_hub(args.folder, args.repo_id, results=args.results, plots=args.plots or (), private=args.private)
     except HfHubHTTPError as error:  # the Hub's refusal (bad token, no write access) as a one-line CLI error
         raise OSError(f"the Hub refused the upload: {error}") from None
     print(f"Pushed {args.folder} to {url}")
 
 
 def _cmd_export(args: argparse.Namespace) -> None:
-    from huggingface_hub.errors import HfHubHTTPError
-
     from .export import TOLERANCE, export
 
-    try:
-        result = export(args.folder, args.out, push=args.push, private=args.private)
-    except HfHubHTTPError as error:  # written, but the Hub refused the upload
-        raise OSError(f"wrote {args.out}, but the Hub refused the upload: {error}") from None
+    result = export(args.folder, args.out)
     print(
         f"Exported {args.folder} as {result.architecture} to {result.path} "
-        f"(max logit difference {result.max_difference:.1e}, limit {TOLERANCE:.0e})"
-        + (f"; pushed to {args.push}" if args.push else "")
+        f"(max logit difference {result.max_difference:.1e}, limit {TOLERANCE:.0e}); "
+        f"upload it with: posswap push {result.path} REPO_ID"
     )
 
 
@@ -142,28 +139,12 @@ def _short_names(models: list[str]) -> dict[str, str]:
     return dict(zip(short if len(set(short)) == len(short) else models, models))
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(
-            f"--lengths must be comma-separated token counts such as 256,512,1024; got {text!r}."
-        ) from None
-
-
-def _float_list(text: str, flag: str, example: str) -> list[float]:
-    try:
-        return [float(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"{flag} must be comma-separated numbers such as {example}; got {text!r}.") from None
-
-
 def _cmd_train(args: argparse.Namespace) -> None:
     from .training import load_recipe, train
 
     if args.force and not args.resume:
         raise ValueError("--force only applies with --resume (it resumes checkpoints made with another recipe).")
-    recipe, raw = load_recipe(args.recipe, args.set)  # every key checked before anything is loaded or written
+    recipe, raw = load_recipe(args.recipe, args.set or [])  # every key checked before anything is loaded or written
     final = train(recipe, raw, resume=args.resume, overwrite=args.overwrite, force=args.force)
     print(f"Trained model saved to {final}")
 
@@ -179,15 +160,14 @@ def _cmd_study(args: argparse.Namespace) -> None:
         return _write_docs_pages(args)
     if args.preset in COPYING_PRESETS:
         return _cmd_copying_study(args)
-    variants = args.variants.split(",") if args.variants else None
     specs = select(
         args.preset,
-        args.base,
-        variants,
+        args.model,
+        args.variants,
         args.steps,
         args.lr,
         not args.no_baseline,
-        args.budget or "quick",
+        args.phase or "quick",
         args.repeat_fraction,
     )  # checked first
     device = str(resolve_device(args.device)) if args.device is not None else None
@@ -216,20 +196,19 @@ def _cmd_copying_study(args: argparse.Namespace) -> None:
     from .study.copying_report import write_report
 
     for flag, value in (
-        ("--base", args.base),
+        ("--model", args.model),
         ("--reference", args.reference),
         ("--repeat-fraction", args.repeat_fraction),
         ("--device", args.device),
-        ("--budget", args.budget),
+        ("--phase", args.phase),
     ):
         if value is not None:
             raise ValueError(
                 f"{flag} belongs to the text study (--preset full or minilm-mini); --preset {args.preset} runs on the copier, on the CPU."
             )
     check_number("--jobs", args.jobs, minimum=1, integer=True)
-    variants = args.variants.split(",") if args.variants else None
     spec = narrowed(
-        COPYING_PRESETS[args.preset], variants, args.steps, args.lr, not args.no_baseline, args.seeds
+        COPYING_PRESETS[args.preset], args.variants, args.steps, args.lr, not args.no_baseline, args.seeds
     )  # checked first
     work = Path(args.work or f"out/study-{args.preset}")
     out = Path(args.out or (f"results/{args.preset}" if args.preset != "mini" else work / "results"))
@@ -249,17 +228,88 @@ def _cmd_copying_study(args: argparse.Namespace) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from . import methods  # noqa: F401  (fills METHODS)
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, with its errors on one line like every other posswap error (the usage is in --help)."""
 
-    parser = argparse.ArgumentParser(
-        prog="posswap", description="Swap the position handling of pretrained transformers."
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _Renamed(argparse.Action):
+    """A flag that was in posswap's README and no longer exists: one line naming what replaced it."""
+
+    def __init__(self, option_strings, dest, message: str = "", **kwargs):
+        super().__init__(option_strings, dest, nargs="*", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        self.message = message
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(self.message)
+
+
+def _renamed(parser: argparse.ArgumentParser, old: str, new: str) -> None:
+    parser.add_argument(old, action=_Renamed, message=f"{old} was renamed {new} in posswap {__version__}; use {new}.")
+
+
+def _items(kind: Callable[[str], Any], flag: str) -> Callable[[str], Any]:
+    """argparse type of one value of a list flag (``--lengths 256 512``): a comma-separated value is refused,
+    showing the space-separated form."""
+
+    def parse(text: str) -> Any:
+        parts = [part.strip() for part in text.split(",") if part.strip()]
+        if len(parts) > 1:
+            raise argparse.ArgumentTypeError(f"values are separated by spaces, not commas: {flag} {' '.join(parts)}")
+        return kind(text)
+
+    parse.__name__ = getattr(kind, "__name__", "value")  # argparse's "invalid int value" names the kind
+    return parse
+
+
+def _list_flag(parser, flag: str, kind: Callable = str, **kwargs) -> None:
+    """A list flag, posswap's one convention: values separated by spaces, the flag repeatable."""
+    parser.add_argument(flag, nargs="+", action="extend", type=_items(kind, flag), default=None, **kwargs)
+
+
+def _method_options(parser: argparse.ArgumentParser) -> None:
+    """One flag per config field of any method (``--rope-type``, ``--theta``, ...); listed per method in the epilog,
+    each with its own method's text."""
+    seen: set[str] = set()
+    for spec in METHODS.values():
+        for f in dataclasses.fields(spec.config_class):
+            if f.name not in seen:
+                seen.add(f.name)
+                shown = f.name == "max_length"  # every method's: in the options list
+                help_text = f.metadata.get("help") if shown else argparse.SUPPRESS
+                parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_scalar, help=help_text)
+
+
+def _method_help() -> str:
+    """Each method's own options with its own help text (the epilog of ``posswap patch --help``)."""
+    import textwrap
+
+    lines = ["method options (a method takes only its own; values are YAML: 4096, 0.5, yarn, true, null):"]
+    for spec in METHODS.values():
+        lines.append(
+            f"  --method {spec.name}:" + ("" if len(dataclasses.fields(spec.config_class)) > 1 else " (no options)")
+        )
+        for f in dataclasses.fields(spec.config_class):
+            if f.name != "max_length":
+                flag = f"    --{f.name.replace('_', '-')}"
+                lines.append(
+                    textwrap.fill(
+                        f.metadata.get("help", ""), 118, initial_indent=f"{flag:<26}", subsequent_indent=" " * 26
+                    )
+                )
+    return "\n".join(lines)
+
+
+def _add_patch(commands) -> None:
+    p = commands.add_parser(
+        "patch",
+        help="Patch a checkpoint and save it (with its tokenizer) to a folder.",
+        epilog=_method_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--debug", action="store_true", help="Show the full traceback of an error.")
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    p = commands.add_parser("patch", help="Patch a checkpoint and save it (with its tokenizer) to a folder.")
-    p.add_argument("model", help="Hub id or local folder of a BERT-family or GPT-2 checkpoint.")
+    p.add_argument("model", metavar="MODEL", help="Hub id or local folder of a BERT-family or GPT-2 checkpoint.")
     p.add_argument("--method", required=True, choices=sorted(METHODS), help="Position method to apply.")
     p.add_argument("--out", required=True, help="New folder to write the patched model and tokenizer to.")
     p.add_argument(
@@ -268,17 +318,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="Replace --out if it is a model folder (holds config.json) written earlier.",
     )
     _method_options(p)
+    _renamed(p, "--base", "--theta")
+    _renamed(p, "--scaling", "--rope-type")
     p.set_defaults(run=_cmd_patch)
 
+
+def _add_demo(commands) -> None:
     d = commands.add_parser(
         "demo", help="Patch the embedded real MiniLM (512 positions) and show it reads longer inputs."
     )
     d.add_argument("--max-length", type=int, default=2048, help="New length (default 2048).")
     d.set_defaults(run=_cmd_demo)
 
+
+def _add_eval(commands) -> None:
     e = commands.add_parser("eval", help="Score models at each context length; write results.json and PNG plots.")
     e.add_argument("models", nargs="+", metavar="MODEL", help="Hub ids or local folders (patched or stock).")
-    e.add_argument("--lengths", default="256,512,1024", help="Comma-separated context lengths (default 256,512,1024).")
+    _list_flag(e, "--lengths", int, help=f"Context lengths (default {' '.join(map(str, DEFAULT_LENGTHS))}).")
     e.add_argument(
         "--data",
         default="posswap:austen-heldout",
@@ -302,21 +358,35 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument(
         "--passkey-trials", type=int, default=3, help="Passkey keys per length and depth, causal LMs only (0: skip)."
     )
-    e.add_argument("--passkey-depths", default="0,0.25,0.5,0.75,1", help="Comma-separated depths of the key (0 to 1).")
+    _list_flag(
+        e, "--passkey-depths", float, help=f"Depths of the key, 0 to 1 (default {' '.join(map(str, DEFAULT_DEPTHS))})."
+    )
     e.add_argument("--seed", type=int, default=0, help="Seed of the masks and keys (the same for every model).")
     e.add_argument(
         "--device", default=None, help="Where the models run: cpu, cuda, cuda:N (default: cuda if available, else cpu)."
     )
+    e.add_argument(
+        "--task",
+        choices=("text", "passkey-retrieval", "needle-retrieval"),
+        default="text",
+        help="text (default): the scores above. passkey-retrieval, needle-retrieval: LongEmbed's long-document "
+        "retrieval for sentence-transformers models (retrieval.json, retrieval.png; default lengths 256 512 1024 2048).",
+    )
+    e.add_argument("--documents", type=int, default=100, help="Retrieval: documents per length (default 100).")
+    e.add_argument("--batch-size", type=int, default=8, help="Retrieval: texts encoded at once (default 8).")
     e.set_defaults(run=_cmd_eval)
 
+
+def _add_train(commands) -> None:
     t = commands.add_parser("train", help="Continued pretraining at the new length from a YAML recipe (see recipes/).")
     t.add_argument("recipe", help="Recipe YAML file.")
     t.add_argument(
         "--set",
-        action="append",
-        default=[],
+        nargs="+",
+        action="extend",
+        default=None,
         metavar="KEY=VALUE",
-        help="Override a recipe value, e.g. train.max_steps=200 (repeatable).",
+        help="Override recipe values, e.g. --set train.lr=1e-4 train.max_steps=200 (repeatable).",
     )
     t.add_argument("--resume", action="store_true", help="Continue from the latest checkpoint in train.output_dir.")
     t.add_argument(
@@ -331,6 +401,55 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.set_defaults(run=_cmd_train)
 
+
+def _add_push(commands) -> None:
+    h = commands.add_parser(
+        "push", help="Upload a saved model (patched, or a native export) to the Hub with a posswap model card."
+    )
+    h.add_argument(
+        "folder", metavar="FOLDER", help="Folder that save_pretrained, posswap patch or posswap export wrote."
+    )
+    h.add_argument("repo_id", metavar="REPO_ID", help="Hub repo, e.g. me/gpt2-rope-4k (created if missing).")
+    h.add_argument("--private", action="store_true", help="Create the repo as private.")
+    h.add_argument("--results", default=None, help="results.json from posswap eval: its table goes into the card.")
+    _list_flag(h, "--plots", metavar="PNG", help="Images to upload under plots/ and show in the card.")
+    h.set_defaults(run=_cmd_push)
+
+
+def _add_export(commands) -> None:
+    x = commands.add_parser(
+        "export", help="Write a RoPE model as a native transformers model where one is exact (GPT-NeoX, RoFormer)."
+    )
+    x.add_argument("folder", metavar="MODEL", help="Folder (or Hub id) of a posswap-patched model.")
+    x.add_argument("--out", required=True, help="New (or empty) folder for the native model and the tokenizer.")
+    x.add_argument(
+        "--push",
+        action=_Renamed,
+        message="export no longer pushes; run posswap push OUT REPO_ID (OUT: the --out folder).",
+    )
+    x.set_defaults(run=_cmd_export)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The commands, one ``_add_<command>`` each; ``--debug`` is taken before or after the command."""
+    from . import methods  # noqa: F401  (fills METHODS)
+
+    parser = _Parser(prog="posswap", description="Swap the position handling of pretrained transformers.")
+    parser.add_argument("--debug", action="store_true", help="Show the full traceback of an error.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_patch, _add_demo, _add_eval, _add_train, _add_study, _add_push, _add_export):
+        add(commands)
+    for sub in commands.choices.values():  # SUPPRESS keeps a --debug given before the command
+        sub.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help="Show the full traceback of an error."
+        )
+    return parser
+
+
+def _add_study(commands) -> None:
+    from .study.copying import COPYING_VARIANTS, ROPE_RECIPES
+    from .study.plan import VARIANTS
+
     s = commands.add_parser(
         "study", help="The extension study: each method on each base, untrained and after an equal budget."
     )
@@ -338,49 +457,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--preset",
         choices=("mini", "copying", "copying-rope", "full", "minilm-mini"),
         default="full",
-        help=(
-            "mini: the copier (a small GPT-2 that copies inside its 256 positions) trained from its recipe, then patched with the "
-            "best method and with RoPE, each trained briefly at 4x and probed "
-            "(<= 6 min on 2 CPU cores); copying: every method on the copier, three seeds (results/copying/); copying-rope: "
-            "RoPE recipes on the copier, 300 steps (results/copying-rope/); full: the text "
-            "study on both bases (results/); minilm-mini: the repeat probe on MiniLM before and after a short ALiBi training."
-        ),
+        help=STUDY_PRESETS,
     )
     s.add_argument(
-        "--seeds",
-        type=int,
-        default=None,
-        help="Copying presets: number of seeds (training order and probe draws; default: the preset's).",
-    )
-    s.add_argument(
-        "--build-copier",
-        action="store_true",
-        help="Copying presets: train the copier from its recipe again (about 4 min on 2 cores), even if the work folder or posswap (for copying and copying-rope) has one.",
-    )
-    s.add_argument(
-        "--jobs", type=int, default=2, help="Copying presets: runs at once, one CPU thread each (default 2)."
-    )
-    s.add_argument(
-        "--budget",
+        "--phase",
         choices=("quick", "long"),
         default=None,
         help="Phase of the full study: quick (every variant, a small budget) or long (the quick phase's best four and the original, longer; run quick first).",
     )
-    s.add_argument(
-        "--device",
-        default=None,
-        help="Where training and scoring run: cpu, cuda, cuda:N (default: cuda if available, else cpu).",
+    _list_flag(
+        s, "--model", choices=("gpt2", "minilm"), help="Only these bases of the text study (default: the preset's)."
     )
-    s.add_argument(
-        "--base",
-        action="append",
-        choices=("gpt2", "minilm"),
-        help="Only this base (repeatable; default: the preset's).",
-    )
-    s.add_argument(
+    copying_only = [v for v in (*COPYING_VARIANTS, *ROPE_RECIPES) if v not in VARIANTS]
+    _list_flag(
+        s,
         "--variants",
-        default=None,
-        help="Comma-separated subset of copy,linear,cubic,rope,rope-yarn,alibi,sinusoidal,nope,t5-bias,t5-bias-fit,tupe (default: all; the long phase: the quick phase's best four).",
+        help=f"Subset of {' '.join(VARIANTS)} (default: all; the long phase: the quick phase's best four); the copying presets "
+        f"also take {' '.join(copying_only)}.",
     )
     s.add_argument("--steps", type=int, default=None, help="Training steps per variant (default: the preset's budget).")
     s.add_argument(
@@ -390,18 +483,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="Peak learning rate of the variants and the baseline (default: the preset's).",
     )
     s.add_argument(
-        "--repeat-fraction",
-        type=float,
-        default=None,
-        help="Share of the variants' and the baseline's training windows that carry a 64-token span copied further on (data.repeat_fraction; default 0): for a base that copies, so the repeat probe can show it.",
-    )
-    s.add_argument(
         "--no-baseline", action="store_true", help="Skip training the original the same steps at its own length."
     )
+    _study_folders(s)
+    _text_study_options(s)
+    _copying_options(s)
+    _renamed(s, "--base", "--model")
+    _renamed(s, "--budget", "--phase")
+    s.set_defaults(run=_cmd_study)
+
+
+STUDY_PRESETS = (
+    "mini: the copier (a small GPT-2 that copies inside its 256 positions) trained from its recipe, then patched with the "
+    "best method and with RoPE, each trained briefly at 4x and probed (<= 6 min on 2 CPU cores); copying: every method "
+    "on the copier, three seeds (results/copying/); copying-rope: RoPE recipes on the copier, 300 steps "
+    "(results/copying-rope/); full: the text study on both bases (results/); minilm-mini: the repeat probe on MiniLM "
+    "before and after a short ALiBi training."
+)
+
+
+def _study_folders(s: argparse.ArgumentParser) -> None:
+    """Where the study runs and writes."""
     s.add_argument(
-        "--reference",
+        "--device",
         default=None,
-        help="Folder of the reference GPT-2, an unpatched GPT-2 with 256 positions (default: out/reference-gpt2/model, pretrained if missing).",
+        help="Where training and scoring run: cpu, cuda, cuda:N (default: cuda if available, else cpu).",
     )
     s.add_argument(
         "--work", default=None, help="Folder for the trained runs (default out/study-PRESET); finished runs are reused."
@@ -421,35 +527,46 @@ def build_parser() -> argparse.ArgumentParser:
         help="With --report-only: write every study page of the documentation site (DIR/study/*.md) from the results "
         "under --out (default results/), whatever the preset.",
     )
-    s.set_defaults(run=_cmd_study)
 
-    h = commands.add_parser("push", help="Upload a saved patched model to the Hub with a posswap model card.")
-    h.add_argument("folder", metavar="FOLDER", help="Folder that save_pretrained (or posswap patch) wrote.")
-    h.add_argument("repo_id", metavar="REPO_ID", help="Hub repo, e.g. me/gpt2-rope-4k (created if missing).")
-    h.add_argument("--private", action="store_true", help="Create the repo as private.")
-    h.add_argument("--results", default=None, help="results.json from posswap eval: its table goes into the card.")
-    h.add_argument(
-        "--plots", nargs="*", default=(), metavar="PNG", help="Images to upload under plots/ and show in the card."
-    )
-    h.set_defaults(run=_cmd_push)
 
-    x = commands.add_parser(
-        "export", help="Write a RoPE model as a native transformers model where one is exact (GPT-NeoX, RoFormer)."
+def _text_study_options(s: argparse.ArgumentParser) -> None:
+    s.add_argument(
+        "--repeat-fraction",
+        type=float,
+        default=None,
+        help="Share of the variants' and the baseline's training windows that carry a 64-token span copied further on (data.repeat_fraction; default 0): for a base that copies, so the repeat probe can show it.",
     )
-    x.add_argument("folder", metavar="FOLDER", help="Folder (or Hub id) of a posswap-patched model.")
-    x.add_argument("--out", required=True, help="New (or empty) folder for the native model and the tokenizer.")
-    x.add_argument("--push", default=None, metavar="REPO_ID", help="Also upload the export to this Hub repo.")
-    x.add_argument("--private", action="store_true", help="With --push: create the repo as private.")
-    x.set_defaults(run=_cmd_export)
-    for sub in commands.choices.values():  # --debug also after the command; SUPPRESS keeps one given before it
-        sub.add_argument(
-            "--debug", action="store_true", default=argparse.SUPPRESS, help="Show the full traceback of an error."
-        )
-    return parser
+    s.add_argument(
+        "--reference",
+        default=None,
+        help="Folder of the reference GPT-2, an unpatched GPT-2 with 256 positions (default: out/reference-gpt2/model, pretrained if missing).",
+    )
+
+
+def _copying_options(s: argparse.ArgumentParser) -> None:
+    s.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        help="Copying presets: number of seeds (training order and probe draws; default: the preset's).",
+    )
+    s.add_argument(
+        "--build-copier",
+        action="store_true",
+        help="Copying presets: train the copier from its recipe again (about 4 min on 2 cores), even if the work folder or posswap (for copying and copying-rope) has one.",
+    )
+    s.add_argument(
+        "--jobs", type=int, default=2, help="Copying presets: runs at once, one CPU thread each (default 2)."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as done:  # a bad flag: argparse printed its one line; --help (0) still exits
+        if not done.code:
+            raise
+        return done.code
     try:
         args.run(args)
     except KeyboardInterrupt:

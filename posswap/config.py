@@ -17,6 +17,9 @@ from typing import Any, ClassVar
 
 import yaml
 
+from .portable.posswap_block import RENAMED_KEYS
+from .version import __version__
+
 
 @dataclass
 class PositionConfig:
@@ -103,6 +106,7 @@ def config_from_dict(data: dict[str, Any]) -> PositionConfig:
     spec = get_method(data.pop("method", None))
     known = {f.name for f in dataclasses.fields(spec.config_class)}
     unknown = sorted(set(data) - known)
+    check_renamed(spec.name, unknown)
     if unknown:
         raise ValueError(
             f"Unknown key(s) {', '.join(unknown)} for method {spec.name!r}; its keys are: {', '.join(sorted(known))}."
@@ -110,6 +114,15 @@ def config_from_dict(data: dict[str, Any]) -> PositionConfig:
     if "max_length" not in data:
         raise ValueError(f"Method {spec.name!r} needs 'max_length' (the new context length in tokens).")
     return spec.config_class(**data)
+
+
+def check_renamed(method: str, keys) -> None:
+    """Refuse a key of ``method`` renamed since it was in posswap's docs, naming the new one (folders saved by an
+    older posswap are migrated on load instead: ``portable/posswap_block.migrate_block``)."""
+    for key in keys:
+        new = RENAMED_KEYS.get(method, {}).get(key)
+        if new is not None:
+            raise ValueError(f"'{key}' was renamed '{new}' in posswap {__version__}; use {new}.")
 
 
 _SHOWN = reprlib.Repr()

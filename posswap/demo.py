@@ -10,10 +10,10 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from .data import read_document
-from .functional import RESAMPLE_MODES
 from .loading import minilm_path
 from .methods.interpolate import InterpolateConfig
 from .patching import patch
+from .portable.posswap_functional import RESAMPLE_MODES
 
 
 def _seconds(model, ids: torch.Tensor, repeats: int = 3) -> float:

@@ -26,7 +26,6 @@ import transformers
 from torch import nn
 
 from .files import check_folder_target, write_folder
-from .hub import check_hub_target, upload_folder
 from .methods.rope import RopeConfig
 from .patching import CONFIG_KEY, patched_config
 from .portable.posswap_rotary import resolve_rotary_dim
@@ -56,35 +55,23 @@ class Target:
     extra_config: dict[str, Any]  # keys added to config.json after save_pretrained (older readers' names)
 
 
-def export(
-    model_or_dir: nn.Module | str | os.PathLike,
-    out: str | os.PathLike,
-    *,
-    tokenizer: Any = None,
-    push: str | None = None,
-    private: bool = False,
-    token: str | None = None,
-) -> Exported:
-    """Write ``model_or_dir`` (a posswap model, or a folder / Hub id loaded with ``posswap.from_pretrained``) to the
+def export(name_or_path: nn.Module | str | os.PathLike, out: str | os.PathLike, *, tokenizer: Any = None) -> Exported:
+    """Write ``name_or_path`` (a posswap model, or a folder / Hub id loaded with ``posswap.from_pretrained``) to the
     new folder ``out`` as a native transformers model, when one computes the same logits (within 1e-4).
 
-    The tokenizer of a source folder (or ``tokenizer``) is saved along. ``push`` uploads the result to that Hub
-    repo. Raises ``ValueError`` with a one-line reason when no exact native architecture exists.
+    The tokenizer of a source folder (or ``tokenizer``) is saved along; ``posswap.push_to_hub(out, repo_id)``
+    uploads the result. Raises ``ValueError`` with a one-line reason when no exact native architecture exists.
     """
     out = check_folder_target(out)  # a new or empty folder only, refused before any work
-    if push is not None:
-        token = check_hub_target(push, token)  # before any work
-    if isinstance(model_or_dir, (str, os.PathLike)):
+    if isinstance(name_or_path, (str, os.PathLike)):
         from .loading import load_model_and_tokenizer
 
-        model, folder_tokenizer = load_model_and_tokenizer(str(model_or_dir))
+        model, folder_tokenizer = load_model_and_tokenizer(str(name_or_path))
         tokenizer = tokenizer or folder_tokenizer
     else:
-        model = model_or_dir
+        model = name_or_path
     target = native_target(model)
     difference = _write_checked(model, target, tokenizer, out)
-    if push is not None:
-        _push(out, push, private, token)
     return Exported(out, target.architecture, difference)
 
 
@@ -118,7 +105,7 @@ def _rope_settings(model: nn.Module) -> RopeConfig:
         )
     if position.absolute == "keep":
         raise _refuse(model, "absolute='keep' adds the learned table to RoPE, which no native rotary architecture has")
-    if position.scaling == "dynamic":
+    if position.rope_type == "dynamic":
         raise _refuse(model, "dynamic scaling is not exact in transformers (it caches the stretched frequencies)")
     return position
 
@@ -151,13 +138,13 @@ def gpt_neox_target(model: nn.Module, rope: RopeConfig, original: int) -> Target
     if int(head_dim * fraction) != rotary_dim:  # how GPT-NeoX turns the fraction back into dims
         raise _refuse(model, f"rotary_dim {rotary_dim} of {head_dim} is not a fraction GPT-NeoX reads back exactly")
     parameters = {
-        "rope_type": rope.scaling or "default",
+        "rope_type": rope.rope_type or "default",
         "rope_theta": float(rope.theta),
         "partial_rotary_factor": fraction,
     }
-    if rope.scaling:  # the factor posswap resolved: the explicit one, else new length / original length
+    if rope.rope_type:  # the factor posswap resolved: the explicit one, else new length / original length
         parameters["factor"] = float(max(rope.factor or rope.max_length / original, 1.0))
-    if rope.scaling == "yarn":
+    if rope.rope_type == "yarn":
         parameters["original_max_position_embeddings"] = original
     config = transformers.GPTNeoXConfig(
         vocab_size=c.vocab_size,
@@ -183,7 +170,7 @@ def gpt_neox_target(model: nn.Module, rope: RopeConfig, original: int) -> Target
     legacy = {
         "rotary_pct": fraction,
         "rotary_emb_base": float(rope.theta),
-        "rope_scaling": parameters if rope.scaling else None,
+        "rope_scaling": parameters if rope.rope_type else None,
     }
     return Target(GPT_NEOX_HEADS[name], config, gpt_neox_state(model), causal=True, extra_config=legacy)
 
@@ -271,7 +258,7 @@ def roformer_target(model: nn.Module, rope: RopeConfig) -> Target:
 def _roformer_refusal(model: nn.Module, rope: RopeConfig, head: str) -> str | None:
     c = model.config
     head_dim = c.hidden_size // c.num_attention_heads
-    if rope.theta != 10000 or rope.scaling or resolve_rotary_dim(rope.rotary_dim, head_dim) != head_dim:
+    if rope.theta != 10000 or rope.rope_type or resolve_rotary_dim(rope.rotary_dim, head_dim) != head_dim:
         return "RoFormer rotates whole heads with theta 10000 and no scaling"
     if head not in ROFORMER_HEADS:
         return f"RoFormer has no head like {head!r}"
@@ -397,10 +384,3 @@ def probe_inputs(config, causal: bool) -> list[dict[str, torch.Tensor]]:
 
 def _logits(output) -> torch.Tensor:
     return output.logits if getattr(output, "logits", None) is not None else output.last_hidden_state
-
-
-# --- Hub ---------------------------------------------------------------------------------------------------------
-
-
-def _push(folder: Path, repo_id: str, private: bool, token: str) -> None:
-    upload_folder(folder, repo_id, private, token, "Upload native export (posswap export)")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .evaluation.results import Results
+from .portable.posswap_block import migrate_block
 from .sentence_models import is_sentence_transformer, loading_lines, save, transformer_module
 from .version import __version__
 
@@ -29,7 +30,7 @@ HUB_TIMEOUT = float(os.environ.get("POSSWAP_HUB_TIMEOUT") or 60)
 
 
 def model_card(
-    model_or_folder: Any,
+    name_or_path: Any,
     results: Results | str | os.PathLike | None = None,
     base_model: str | None = None,
     data: str | None = None,
@@ -46,29 +47,46 @@ def model_card(
     """
     from huggingface_hub import ModelCard, ModelCardData
 
-    config = _config_dict(model_or_folder)
-    block = config.get("posswap")
-    if block and isinstance(model_or_folder, (str, os.PathLike)):
-        from .loading import check_posswap_block
-
-        check_posswap_block(block, str(model_or_folder))  # a hand-edited block is named, not a KeyError
-    if not block:
-        raise ValueError(
-            f"{_describe(model_or_folder)} has no 'posswap' block in its config: it is not a patched model. "
-            "Patch it with posswap.patch(model, ...) and save it with save_pretrained first."
-        )
-    base_model = base_model or _hub_id(config.get("_name_or_path") or getattr(model_or_folder, "name_or_path", None))
+    config, block = _patched_block(name_or_path)
+    base_model = base_model or _hub_id(config.get("_name_or_path") or getattr(name_or_path, "name_or_path", None))
     method = block["method"]
-    sentence = _is_sentence_transformers(model_or_folder)
+    sentence = _is_sentence_transformers(name_or_path)
     meta = ModelCardData(
         library_name="sentence-transformers" if sentence else "transformers",
         base_model=base_model,
         tags=["posswap", method] + ["sentence-transformers"] * sentence,
         license=license,
     )
-
-    name = (config.get("architectures") or ["AutoModel"])[0]
     repo = json.dumps(repo_id or "<repo id>")
+    lines = _patch_section(config, block, base_model)
+    name = (config.get("architectures") or ["AutoModel"])[0]
+    lines += loading_lines(method, repo) if sentence else _loading_section(method, name, repo, block)
+    lines += _training_section(data, steps) + _results_section(results)
+    plots = list(plots)
+    if plots:
+        lines += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots] + [""]
+    return str(ModelCard(f"---\n{meta.to_yaml()}\n---\n\n" + "\n".join(lines)))
+
+
+def _patched_block(name_or_path: Any) -> tuple[dict, dict]:
+    """The config (as a dict) and its posswap block, checked; an unpatched model or folder is a one-line error."""
+    config = _config_dict(name_or_path)
+    block = migrate_block(config.get("posswap"))  # a folder saved by an older posswap: keys renamed since
+    if block and isinstance(name_or_path, (str, os.PathLike)):
+        from .loading import check_posswap_block
+
+        check_posswap_block(block, str(name_or_path))  # a hand-edited block is named, not a KeyError
+    if not block:
+        raise ValueError(
+            f"{_describe(name_or_path)} has no 'posswap' block in its config: it is not a patched model. "
+            "Patch it with posswap.patch(model, ...) and save it with save_pretrained first."
+        )
+    return config, block
+
+
+def _patch_section(config: dict, block: dict, base_model: str | None) -> list[str]:
+    """The card's title, what was patched, and the method's parameters."""
+    method = block["method"]
     parameters = {k: v for k, v in block.items() if k not in ("method", "max_length", "original_length", "version")}
     lines = [
         CARD_MARKER,
@@ -82,29 +100,36 @@ def model_card(
     if parameters:
         rows = [f"| `{k}` | {'default' if v is None else f'`{v}`'} |" for k, v in parameters.items()]
         lines += ["| parameter | value |", "|---|---|", *rows, ""]
-    lines += loading_lines(method, repo) if sentence else _loading_section(method, name, repo, block)
-    if data is not None or steps is not None:
-        lines += ["## Training", ""]
-        lines += [f"- data: {data}"] if data is not None else []
-        lines += [f"- steps: {steps}"] if steps is not None else []
-        lines += [""]
-    if results is not None:
-        results = results if isinstance(results, Results) else Results.load(results)
-        lines += [
-            "## Evaluation",
-            "",
-            f"Data: {results.data}; context lengths {', '.join(map(str, results.lengths))}.",
-            "",
-        ]
-        lines += ["```", results.table(), "```", ""]
-    plots = list(plots)
-    if plots:
-        lines += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots] + [""]
-    return str(ModelCard(f"---\n{meta.to_yaml()}\n---\n\n" + "\n".join(lines)))
+    return lines
+
+
+def _training_section(data: str | None, steps: int | None) -> list[str]:
+    if data is None and steps is None:
+        return []
+    lines = ["## Training", ""]
+    lines += [f"- data: {data}"] if data is not None else []
+    lines += [f"- steps: {steps}"] if steps is not None else []
+    return lines + [""]
+
+
+def _results_section(results: Results | str | os.PathLike | None) -> list[str]:
+    if results is None:
+        return []
+    results = results if isinstance(results, Results) else Results.load(results)
+    return [
+        "## Evaluation",
+        "",
+        f"Data: {results.data}; context lengths {', '.join(map(str, results.lengths))}.",
+        "",
+        "```",
+        results.table(),
+        "```",
+        "",
+    ]
 
 
 def push_to_hub(
-    source: Any,
+    name_or_path: Any,
     repo_id: str,
     *,
     tokenizer: Any = None,
@@ -121,7 +146,7 @@ def push_to_hub(
 ) -> str:
     """Upload a patched model with its card to ``repo_id``; return the repo URL.
 
-    ``source`` is a folder that ``save_pretrained`` wrote or a patched model (saved, with ``tokenizer`` if
+    ``name_or_path`` is a folder that ``save_pretrained`` wrote or a patched model (saved, with ``tokenizer`` if
     given, to a temporary folder). The repo gets README.md (the card) and ``plots/`` beside the folder's files:
     ``card`` when given, else one made by :func:`model_card` unless the folder has a README.md posswap did not
     write. Nothing is written into the folder; links in it that point outside it are skipped (and named).
@@ -135,33 +160,54 @@ def push_to_hub(
     card_args = dict(results=results, base_model=base_model, data=data, steps=steps, license=license)
 
     with tempfile.TemporaryDirectory(prefix="posswap-push-") as tmp:
-        if isinstance(source, (str, os.PathLike)):
-            folder = Path(source)
-            if not (folder / "config.json").is_file():
-                raise ValueError(f"{folder} has no config.json: pass a folder that save_pretrained wrote.")
-        else:
-            folder = Path(tmp)
-            save(source, folder, card=False)  # a SentenceTransformer as one, with posswap's card below
-            if tokenizer is not None:
-                tokenizer.save_pretrained(folder)
-        readme = folder / "README.md"
-        ours = not readme.exists() or CARD_MARKER in readme.read_text(encoding="utf-8")
-        if card is None and not ours and (any(v is not None for v in card_args.values()) or plots):
-            raise ValueError(
-                f"{readme} was not written by posswap, so the results/plots would not reach the card: "
-                f"remove it, or pass card=posswap.model_card(...)."
-            )
-        extra: dict[str, Any] = {
-            f"plots/{plot.name}": plot for plot in plots
-        }  # uploaded beside; the folder is left as it is
-        if card is not None or ours:
-            if card is None:
-                card = model_card(source, plots=[f"plots/{p.name}" for p in plots], repo_id=repo_id, **card_args)
+        folder = _folder_to_push(name_or_path, tokenizer, Path(tmp))
+        extra: dict[str, Any] = {f"plots/{plot.name}": plot for plot in plots}  # beside; the folder is left as it is
+        card = _card_to_push(name_or_path, folder, card, card_args, plots, repo_id)
+        if card is not None:
             extra["README.md"] = card.encode("utf-8")
         again = (
-            f"run `posswap push {folder} {repo_id}` again" if isinstance(source, (str, os.PathLike)) else "push again"
+            f"run `posswap push {folder} {repo_id}` again"
+            if isinstance(name_or_path, (str, os.PathLike))
+            else "push again"
         )
         return upload_folder(folder, repo_id, private, token, commit_message, extra=extra, again=again)
+
+
+def _folder_to_push(name_or_path: Any, tokenizer: Any, tmp: Path) -> Path:
+    """The folder given, or a model saved (with its tokenizer) into ``tmp``."""
+    if isinstance(name_or_path, (str, os.PathLike)):
+        folder = Path(name_or_path)
+        if not (folder / "config.json").is_file():
+            raise ValueError(f"{folder} has no config.json: pass a folder that save_pretrained wrote.")
+        return folder
+    save(name_or_path, tmp, card=False)  # a SentenceTransformer as one, with posswap's card below
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    return tmp
+
+
+def _card_to_push(name_or_path, folder: Path, card: str | None, card_args: dict, plots: list[Path], repo_id: str):
+    """The README.md to upload: ``card``, else posswap's own; None to leave the folder's (a README.md the user
+    wrote, or a native export's folder, which has no posswap block)."""
+    if card is not None:
+        return card
+    readme = folder / "README.md"
+    ours = not readme.exists() or CARD_MARKER in readme.read_text(encoding="utf-8")
+    asked = any(v is not None for v in card_args.values()) or bool(plots)  # what only posswap's card shows
+    if not ours and asked:
+        raise ValueError(
+            f"{readme} was not written by posswap, so the results/plots would not reach the card: "
+            f"remove it, or pass card=posswap.model_card(...)."
+        )
+    native = isinstance(name_or_path, (str, os.PathLike)) and not _config_dict(folder).get("posswap")
+    if native and asked:
+        raise ValueError(
+            f"{folder} has no posswap block (a native export?), so posswap writes no card for it: push it "
+            "without results or plots."
+        )
+    if not ours or native:
+        return None
+    return model_card(name_or_path, plots=[f"plots/{p.name}" for p in plots], repo_id=repo_id, **card_args)
 
 
 def check_hub_target(repo_id: str, token: str | None) -> str:
@@ -320,7 +366,7 @@ def _loading_section(method: str, name: str, repo: str, block: dict) -> list[str
         "```",
         "",
     ]
-    if method == "rope" and block.get("scaling") != "dynamic" and block.get("absolute", "drop") == "drop":
+    if method == "rope" and block.get("rope_type") != "dynamic" and block.get("absolute", "drop") == "drop":
         lines += [
             "For serving engines (vLLM, TGI, llama.cpp), `posswap export` writes an exact native copy where one",
             "exists (GPT-2 -> GPT-NeoX, BERT family -> RoFormer), checked against this model before writing:",
@@ -333,25 +379,25 @@ def _loading_section(method: str, name: str, repo: str, block: dict) -> list[str
     return lines
 
 
-def _config_dict(model_or_folder: Any) -> dict:
-    if isinstance(model_or_folder, (str, os.PathLike)):
-        path = Path(model_or_folder) / "config.json"
+def _config_dict(name_or_path: Any) -> dict:
+    if isinstance(name_or_path, (str, os.PathLike)):
+        path = Path(name_or_path) / "config.json"
         if not path.is_file():
-            raise ValueError(f"{model_or_folder} has no config.json: pass a folder that save_pretrained wrote.")
+            raise ValueError(f"{name_or_path} has no config.json: pass a folder that save_pretrained wrote.")
         return json.loads(path.read_text())
-    if is_sentence_transformer(model_or_folder):  # its transformer's config
-        model_or_folder = transformer_module(model_or_folder).auto_model
-    config = getattr(model_or_folder, "config", None)
+    if is_sentence_transformer(name_or_path):  # its transformer's config
+        name_or_path = transformer_module(name_or_path).auto_model
+    config = getattr(name_or_path, "config", None)
     if config is None:
-        raise TypeError(f"Expected a transformers model or a folder, got {type(model_or_folder).__name__}.")
+        raise TypeError(f"Expected a transformers model or a folder, got {type(name_or_path).__name__}.")
     # architectures is only filled in by save_pretrained; the loading snippet needs the class now.
-    return {**config.to_dict(), "architectures": [type(model_or_folder).__name__]}
+    return {**config.to_dict(), "architectures": [type(name_or_path).__name__]}
 
 
-def _is_sentence_transformers(model_or_folder: Any) -> bool:
-    if isinstance(model_or_folder, (str, os.PathLike)):
-        return (Path(model_or_folder) / "modules.json").is_file()
-    return is_sentence_transformer(model_or_folder)
+def _is_sentence_transformers(name_or_path: Any) -> bool:
+    if isinstance(name_or_path, (str, os.PathLike)):
+        return (Path(name_or_path) / "modules.json").is_file()
+    return is_sentence_transformer(name_or_path)
 
 
 def _hub_id(name: str | None) -> str | None:
@@ -361,5 +407,5 @@ def _hub_id(name: str | None) -> str | None:
     return name
 
 
-def _describe(model_or_folder: Any) -> str:
-    return str(model_or_folder) if isinstance(model_or_folder, (str, os.PathLike)) else type(model_or_folder).__name__
+def _describe(name_or_path: Any) -> str:
+    return str(name_or_path) if isinstance(name_or_path, (str, os.PathLike)) else type(name_or_path).__name__

@@ -24,7 +24,7 @@ from .portable.modeling_posswap import (
     PosswapConfigMixin,
     PosswapModelMixin,
 )
-from .portable.posswap_block import check_block, weights_mismatch
+from .portable.posswap_block import check_block, migrate_block, weights_mismatch
 from .portable.posswap_runtime import RUNTIME_METHODS
 
 # from_pretrained arguments that say where the files are; the rest are for the model only.
@@ -109,7 +109,9 @@ def load_transformers_model(
         )
     name_or_path = resolve_model_id(name_or_path)
     config = AutoConfig.from_pretrained(name_or_path, **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs})
-    block = getattr(config, CONFIG_KEY, None)
+    block = migrate_block(getattr(config, CONFIG_KEY, None))  # saved by an older posswap: keys renamed since
+    if block is not None:
+        setattr(config, CONFIG_KEY, block)
     check_posswap_block(block, name_or_path, config)  # before any class installs from it
     runtime = isinstance(block, dict) and block.get("method") in RUNTIME_METHODS
     if runtime and not isinstance(config, PosswapConfigMixin):  # saved before model_type posswap-<type>

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .architectures import POSITION_SIZED_BUFFERS, find_sites
 from .config import PositionConfig
+from .portable.posswap_architectures import POSITION_SIZED_BUFFERS, find_sites
 
 # Resampling holds the old table in fp32, the resized fp32 image and the result at once.
 RESAMPLE_COPIES = 3

@@ -7,10 +7,10 @@ from typing import Any
 
 from torch import nn
 
-from .architectures import assign_buffers, find_sites, resized_position_buffers
 from .config import PositionConfig, config_from_dict
 from .memory import check_patch_fits
 from .portable.modeling_posswap import CONFIG_CLASSES
+from .portable.posswap_architectures import assign_buffers, find_sites, resized_position_buffers
 from .portable.posswap_runtime import RUNTIME_METHODS, install_positions
 from .registry import get_method
 from .sentence_models import is_sentence_transformer, patch_sentence_transformer

@@ -1,9 +1,16 @@
-"""Method name -> (config class, apply function): the one table every entry point looks methods up in."""
+"""Method name -> everything the rest of posswap needs of a method: the one table every entry point looks methods up in.
+
+A method registers once, in its own file under ``posswap/methods``: its config class, its checks and weight changes,
+and its study variants. The parts that live elsewhere are keyed by the same name, and ``tests/test_registry.py``
+fails naming any that is missing: the run-time installer (``portable/posswap_runtime.INSTALLERS``, which saved
+models carry, so it cannot import this table), the position map of the pictures (``study/pictures.POSITION_MAPS``)
+and the test factory (``tests/test_common.FACTORIES``).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -17,19 +24,45 @@ class MethodSpec:
     check: Callable[..., None]
     apply: Callable[..., object]
     initialize: Callable[..., None] | None = None
+    # The study's variants of this method: variant name -> config keys besides method and max_length.
+    variants: dict[str, dict] = field(default_factory=dict)
+    # True: the model reads positions from its learned table extended to max_length (the study makes it for the
+    # trained length); False: nothing bounds the reach (the study patches to twice the trained length).
+    extends_table: bool = False
+    # False: the method only changes weights, so a saved folder loads without posswap's run time (interpolate).
+    runtime: bool = True
 
 
 METHODS: dict[str, MethodSpec] = {}
 
 
-def register_method(config_class: type, check: Callable, apply: Callable, initialize: Callable | None = None) -> None:
+def register_method(
+    config_class: type,
+    check: Callable,
+    apply: Callable,
+    initialize: Callable | None = None,
+    *,
+    variants: dict[str, dict],
+    extends_table: bool = False,
+    runtime: bool = True,
+) -> None:
     name = config_class.method
     if name in METHODS:
         raise ValueError(f"Method {name!r} is already registered.")
-    METHODS[name] = MethodSpec(name, config_class, check, apply, initialize)
+    taken = {v for spec in METHODS.values() for v in spec.variants} & set(variants)
+    if not variants or taken:
+        raise ValueError(
+            f"Method {name!r} needs study variants of its own; got {sorted(variants)} ({sorted(taken)} taken)."
+        )
+    METHODS[name] = MethodSpec(name, config_class, check, apply, initialize, dict(variants), extends_table, runtime)
 
 
 def get_method(name: str | None) -> MethodSpec:
     if name not in METHODS:
         raise ValueError(f"Unknown posswap method {name!r}; choose one of: {', '.join(sorted(METHODS))}.")
     return METHODS[name]
+
+
+def study_variants() -> dict[str, tuple[MethodSpec, dict]]:
+    """Every method's study variants in registration order: variant name -> (its method, its config keys)."""
+    return {variant: (spec, keys) for spec in METHODS.values() for variant, keys in spec.variants.items()}

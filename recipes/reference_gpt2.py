@@ -16,7 +16,9 @@ from posswap.study.reference import SIZES, pretrain_reference
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="cpu")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Recipe override (repeatable).")
+    parser.add_argument(
+        "--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="Recipe overrides (repeatable)."
+    )
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
     print(f"Trained reference GPT-2 in {pretrain_reference(args.size, args.set, args.resume)}")

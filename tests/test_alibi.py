@@ -22,8 +22,8 @@ from conftest import (
 
 import posswap
 import posswap.portable.posswap_attention
-from posswap.architectures import find_sites
-from posswap.functional import alibi_bias, alibi_slopes
+from posswap.portable.posswap_architectures import find_sites
+from posswap.portable.posswap_functional import alibi_bias, alibi_slopes
 
 NEW_LENGTH = 64
 

@@ -268,12 +268,12 @@ CLI_ERROR_CASES = [
     (
         "eval-passkey-depths-word",
         lambda t, m: ["eval", m / "gpt2", "--passkey-depths", "abc", "--out", NEW],
-        "--passkey-depths must be comma-separated numbers",
+        "argument --passkey-depths: invalid float value: 'abc'",
     ),
     (
         "eval-lengths-word",
         lambda t, m: ["eval", m / "gpt2", "--lengths", "abc", "--out", NEW],
-        "--lengths must be comma-separated",
+        "argument --lengths: invalid int value: 'abc'",
     ),
     ("eval-missing-folder", lambda t, m: ["eval", "./nope", "--out", NEW], "No model folder './nope'"),
     (

@@ -36,7 +36,7 @@ FACTORIES = {
     "rope": lambda n: posswap.RopeConfig(max_length=n),
     "alibi": lambda n: posswap.AlibiConfig(max_length=n),
     "sinusoidal": lambda n: posswap.SinusoidalConfig(max_length=n),
-    "nope": lambda n: posswap.NoPEConfig(max_length=n),
+    "nope": lambda n: posswap.NopeConfig(max_length=n),
     "t5-bias": lambda n: posswap.T5BiasConfig(max_length=n, init="fit"),
     "tupe": lambda n: posswap.TupeConfig(max_length=n, relative=True),
 }

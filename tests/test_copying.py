@@ -94,9 +94,9 @@ def test_variants_and_command_line_choices_are_checked_first():
 
 
 def test_cli_refuses_text_study_flags_on_the_copier(tmp_path, capsys):
-    assert main(["study", "--preset", "mini", "--base", "gpt2", "--work", str(tmp_path / "w")]) == 2
-    assert "--base belongs to the text study" in capsys.readouterr().err
-    assert main(["study", "--preset", "mini", "--variants", "copy,rope-ntk", "--work", str(tmp_path / "w")]) == 2
+    assert main(["study", "--preset", "mini", "--model", "gpt2", "--work", str(tmp_path / "w")]) == 2
+    assert "--model belongs to the text study" in capsys.readouterr().err
+    assert main(["study", "--preset", "mini", "--variants", "copy", "rope-ntk", "--work", str(tmp_path / "w")]) == 2
     assert "rope-ntk" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
 
@@ -160,4 +160,3 @@ def test_first_step_and_previous_token_head():
     assert first_step(runs, 1, 4.0) == 5  # mean over seeds: 1.0, 4.25, 4.5
     assert first_step(runs, 0, 4.0) is None
     assert previous_token_head([[0.5, 0.1, 0.0], [0.1, 0.8, 0.0], [0.3, 0.3, 0.3]]) == 1
-

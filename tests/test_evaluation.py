@@ -323,7 +323,9 @@ def test_cli_eval_end_to_end(tiny_gpt2, gpt2_tokenizer, tmp_path, capsys):
         "eval",
         str(tmp_path / "tiny"),
         "--lengths",
-        "32,64,128",
+        "32",
+        "64",
+        "128",
         "--max-tokens",
         "256",
         "--beyond",
@@ -331,7 +333,8 @@ def test_cli_eval_end_to_end(tiny_gpt2, gpt2_tokenizer, tmp_path, capsys):
         "--passkey-trials",
         "1",
         "--passkey-depths",
-        "0,1",
+        "0",
+        "1",
         "--out",
         str(out),
     ]
@@ -343,12 +346,14 @@ def test_cli_eval_end_to_end(tiny_gpt2, gpt2_tokenizer, tmp_path, capsys):
     assert results["lengths"] == [32, 64, 128] and model["metrics"]["read_as"] == ["full", "full", "sliding"]
     assert model["passkey"]["accuracy"][0] == [None, None]  # 32 tokens cannot hold a passkey prompt
     assert (out / "ppl_vs_length.png").exists()
-    assert main(["eval", str(tmp_path / "tiny"), "--lengths", "a,b", "--out", str(out)]) == 2
+    assert main(["eval", str(tmp_path / "tiny"), "--lengths", "a,b", "--out", str(out)]) == 2  # commas: one line
+    assert main(["eval", str(tmp_path / "tiny"), "--lengths", "32,64", "--out", str(out)]) == 2
+    assert "not commas: --lengths 32 64" in capsys.readouterr().err
 
 
 def test_cli_eval_minilm_without_head_shows_similarity(minilm_path, tmp_path, capsys):
     out = tmp_path / "report"
-    assert main(["eval", minilm_path, "--lengths", "128,1024", "--max-tokens", "256", "--out", str(out)]) == 0
+    assert main(["eval", minilm_path, "--lengths", "128", "1024", "--max-tokens", "256", "--out", str(out)]) == 0
     assert "MLM loss needs" in capsys.readouterr().out
     assert [p.name.startswith("similarity_") for p in out.glob("*.png")] == [True]
 

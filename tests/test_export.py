@@ -46,7 +46,7 @@ def left_padded_batch():
 @pytest.mark.parametrize("rotary_dim", [None, 0.5], ids=["full", "half"])
 @pytest.mark.parametrize("scaling", [None, "linear", "yarn"])
 def test_gpt2_rope_exports_to_gpt_neox(tmp_path, scaling, rotary_dim):
-    model = rope_gpt2(scaling=scaling, rotary_dim=rotary_dim)
+    model = rope_gpt2(rope_type=scaling, rotary_dim=rotary_dim)
     result = posswap.export(model, tmp_path / "neox")
     assert result.architecture == "GPTNeoXForCausalLM" and result.max_difference < 1e-4
 
@@ -102,7 +102,7 @@ def test_encoder_rope_exports_to_roformer(tmp_path, model_type, head, auto):
     "model_type,head,config,message",
     [
         ("gpt2", "GPT2LMHeadModel", posswap.AlibiConfig(max_length=LENGTH), "computes 'alibi'"),
-        ("gpt2", "GPT2LMHeadModel", posswap.RopeConfig(max_length=LENGTH, scaling="dynamic"), "dynamic scaling"),
+        ("gpt2", "GPT2LMHeadModel", posswap.RopeConfig(max_length=LENGTH, rope_type="dynamic"), "dynamic scaling"),
         ("gpt2", "GPT2LMHeadModel", posswap.RopeConfig(max_length=LENGTH, absolute="keep"), "absolute='keep'"),
         ("gpt2", "GPT2ForSequenceClassification", posswap.RopeConfig(max_length=LENGTH), "GPT-NeoX counterpart"),
         ("bert", "BertForMaskedLM", posswap.RopeConfig(max_length=LENGTH, theta=5e5), "theta 10000"),
@@ -154,7 +154,7 @@ def saved(tmp_path):
 
 
 def test_cli_export_writes_model_and_tokenizer(saved, tmp_path, capsys):
-    folder = saved(posswap.RopeConfig(max_length=LENGTH, scaling="yarn"))
+    folder = saved(posswap.RopeConfig(max_length=LENGTH, rope_type="yarn"))
     assert main(["export", str(folder), "--out", str(tmp_path / "neox")]) == 0
     assert "as GPTNeoXForCausalLM" in capsys.readouterr().out
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "neox")
@@ -176,10 +176,15 @@ def test_cli_export_refusal_is_one_line(saved, tmp_path, capsys):
     assert not (tmp_path / "never").exists()
 
 
-def test_export_push(hub, saved, tmp_path):
+def test_an_export_is_pushed_with_posswap_push(hub, saved, tmp_path, capsys):
     folder = saved(posswap.RopeConfig(max_length=LENGTH))
-    assert main(["export", str(folder), "--out", str(tmp_path / "neox"), "--push", "me/gpt2-neox"]) == 0
+    assert main(["export", str(folder), "--out", str(tmp_path / "neox")]) == 0
+    assert f"posswap push {tmp_path / 'neox'} REPO_ID" in capsys.readouterr().out  # the one way to push
+    assert main(["push", str(tmp_path / "neox"), "me/gpt2-neox", "--results", "r.json"]) == 2  # no posswap card
+    assert "no posswap block" in capsys.readouterr().err
+    assert main(["push", str(tmp_path / "neox"), "me/gpt2-neox"]) == 0
     files = hub.files("me/gpt2-neox")
+    assert "README.md" not in files  # a native folder goes up as it is
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(files)
     assert json.loads(files["config.json"])["model_type"] == "gpt_neox"
     assert files["model.safetensors"] == (tmp_path / "neox" / "model.safetensors").read_bytes()

@@ -62,7 +62,7 @@ def test_fsdp_config_wraps_every_architectures_block():
     """The layer class FSDP wraps is a fact of architectures.py; the shipped config must list each one."""
     import transformers
 
-    from posswap.architectures import ARCHITECTURES
+    from posswap.portable.posswap_architectures import ARCHITECTURES
 
     config = yaml.safe_load((Path(__file__).parents[1] / "recipes/accelerate/fsdp.yaml").read_text())
     listed = set(config["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"].split(","))

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from posswap.functional import resample_table
+from posswap.portable.posswap_functional import resample_table
 
 
 def test_copy_tiles_old_rows():

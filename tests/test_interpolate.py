@@ -25,7 +25,7 @@ def test_patched_model_reads_max_length(model_type, head, mode):
     assert out.shape[0] == 2 and torch.isfinite(out).all()
     offset = 2 if "roberta" in model_type else 0
     assert model.config.max_position_embeddings == NEW_LENGTH + offset
-    sites = posswap.architectures.find_sites(model)
+    sites = posswap.portable.posswap_architectures.find_sites(model)
     assert sites.table.weight.shape[0] == NEW_LENGTH + offset
     for name in ("position_ids", "token_type_ids"):
         if hasattr(sites.owner, name):
@@ -46,11 +46,11 @@ def test_copy_keeps_outputs_within_old_length(model_type, head):
 def test_same_length_is_identity(model_type, mode):
     head = {"bert": "BertModel", "roberta": "RobertaModel", "gpt2": "GPT2Model"}[model_type]
     model = make_model(model_type, head)
-    table = posswap.architectures.find_sites(model).table.weight.detach().clone()
+    table = posswap.portable.posswap_architectures.find_sites(model).table.weight.detach().clone()
     ids = token_ids(OLD_LENGTH)
     before = outputs(model, ids)
     posswap.patch(model, posswap.InterpolateConfig(max_length=OLD_LENGTH, mode=mode))
-    assert torch.equal(posswap.architectures.find_sites(model).table.weight, table)
+    assert torch.equal(posswap.portable.posswap_architectures.find_sites(model).table.weight, table)
     assert torch.equal(outputs(model, ids), before)
 
 

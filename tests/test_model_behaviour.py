@@ -158,7 +158,7 @@ def test_repatching_interpolate_with_another_mode_is_refused():
 @pytest.mark.parametrize(
     "first,second",
     [
-        (dict(method="rope", theta=10000.0), dict(method="rope", theta=500.0, scaling="yarn")),
+        (dict(method="rope", theta=10000.0), dict(method="rope", theta=500.0, rope_type="yarn")),
         (dict(method="alibi", backend="eager"), dict(method="alibi", backend="sdpa", absolute="drop")),
     ],
     ids=["rope", "alibi"],

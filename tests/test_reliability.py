@@ -531,7 +531,7 @@ EDITS = {
     ),
     "rope-max_length-not-n_positions": (
         "gpt2",
-        posswap.RopeConfig(max_length=NEW, scaling="linear"),
+        posswap.RopeConfig(max_length=NEW, rope_type="linear"),
         _set(max_length=2 * NEW),
         f"block (rope) key 'max_length' is {2 * NEW} but config.json's n_positions is {NEW}",
     ),

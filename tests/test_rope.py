@@ -23,7 +23,7 @@ from conftest import (
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import posswap
-from posswap.functional import apply_rotary, rope_frequencies, rotary_cos_sin
+from posswap.portable.posswap_functional import apply_rotary, rope_frequencies, rotary_cos_sin
 
 NEW_LENGTH = 4 * OLD_LENGTH
 
@@ -91,7 +91,7 @@ def test_frequencies_are_transformers_own(scaling):
 @pytest.mark.parametrize("scaling", ["linear", "dynamic", "yarn"])
 def test_scaled_model_runs_and_round_trips(scaling, tmp_path):
     model = posswap.patch(
-        make_model("gpt2", "GPT2LMHeadModel"), posswap.RopeConfig(max_length=NEW_LENGTH, scaling=scaling)
+        make_model("gpt2", "GPT2LMHeadModel"), posswap.RopeConfig(max_length=NEW_LENGTH, rope_type=scaling)
     )
     assert torch.isfinite(outputs(model, token_ids(NEW_LENGTH))).all()
     reload_and_compare(model, tmp_path, NEW_LENGTH)
@@ -132,7 +132,7 @@ def test_training_step_with_gradient_checkpointing(model_type, head):
 def test_bf16_model_is_finite_at_max_length():
     model = posswap.patch(
         make_model("gpt2", "GPT2LMHeadModel").to(torch.bfloat16),
-        posswap.RopeConfig(max_length=NEW_LENGTH, scaling="yarn"),
+        posswap.RopeConfig(max_length=NEW_LENGTH, rope_type="yarn"),
     )
     out = outputs(model, token_ids(NEW_LENGTH))
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
@@ -175,9 +175,9 @@ def test_keep_extends_the_table_by_copy():
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        (dict(scaling="ntk"), "scaling must be one of"),
+        (dict(rope_type="ntk"), "rope_type must be one of"),
         (dict(factor=4.0), "factor only applies"),
-        (dict(scaling="yarn", factor=0.5), "factor must be a number >= 1"),
+        (dict(rope_type="yarn", factor=0.5), "factor must be a number >= 1"),
         (dict(rotary_dim=3), "rotary_dim must be"),
         (dict(rotary_dim=1.5), "rotary_dim must be"),
         (dict(theta=0), "theta must be"),

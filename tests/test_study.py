@@ -39,9 +39,9 @@ def test_phases_differ_in_budget_and_probe():
     assert len(select("full", ["minilm"], phase="long")[0].probe.multiples) > len(
         select("full", ["minilm"])[0].probe.multiples
     )
-    with pytest.raises(ValueError, match="--budget"):
+    with pytest.raises(ValueError, match="--phase"):
         select("minilm-mini", phase="long")
-    with pytest.raises(ValueError, match="--budget"):
+    with pytest.raises(ValueError, match="--phase"):
         select("full", phase="longer")
 
 
@@ -60,7 +60,7 @@ def test_select_narrows_and_refuses_bad_requests():
 
 
 def test_cli_refuses_a_bad_plan_before_training(tmp_path, capsys):
-    assert main(["study", "--variants", "copy,rope-ntk", "--work", str(tmp_path / "w")]) == 2
+    assert main(["study", "--variants", "copy", "rope-ntk", "--work", str(tmp_path / "w")]) == 2
     assert "rope-ntk" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
 
@@ -220,8 +220,8 @@ def test_tiny_study_writes_results_and_reuses_finished_runs(bases, tmp_path, cap
 
 
 def test_long_phase_without_the_quick_one_is_refused_before_anything_trains(tmp_path, capsys):
-    assert main(["study", "--budget", "long", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "r")]) == 2
-    assert "run `posswap study --budget quick` first" in capsys.readouterr().err
+    assert main(["study", "--phase", "long", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "r")]) == 2
+    assert "run `posswap study --phase quick` first" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
 
 

@@ -109,7 +109,7 @@ def rotary_formula(head_dim: int, rotated: int, base: float = 10000.0, factor: f
 @pytest.mark.parametrize("model_type", ["gpt2", "bert"])
 @pytest.mark.parametrize(
     "options,rotated,factor",
-    [({}, 8, 1.0), ({"rotary_dim": 0.5}, 4, 1.0), ({"scaling": "linear", "factor": 4.0}, 8, 4.0)],
+    [({}, 8, 1.0), ({"rotary_dim": 0.5}, 4, 1.0), ({"rope_type": "linear", "factor": 4.0}, 8, 4.0)],
     ids=["full", "partial", "linear-scaled"],
 )
 def test_rotary_map_is_the_cos_formula(model_type, options, rotated, factor):

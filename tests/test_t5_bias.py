@@ -23,7 +23,7 @@ from conftest import (
 from transformers.models.t5.modeling_t5 import T5Attention
 
 import posswap
-from posswap.architectures import find_sites
+from posswap.portable.posswap_architectures import find_sites
 from posswap.portable.posswap_attention import BIAS_IMPLEMENTATIONS
 from posswap.portable.posswap_runtime import NoPositions
 from posswap.training.trainable import select_trainable

@@ -18,7 +18,7 @@ from posswap.training import recipe_from_dict, train
 from posswap.training.trainable import select_trainable
 
 NEW_LENGTH = 96
-METHODS = {"sinusoidal": posswap.SinusoidalConfig, "nope": posswap.NoPEConfig}
+METHODS = {"sinusoidal": posswap.SinusoidalConfig, "nope": posswap.NopeConfig}
 MODELS = [("gpt2", "GPT2LMHeadModel"), ("bert", "BertForMaskedLM"), ("roberta", "RobertaForMaskedLM")]
 
 
@@ -49,12 +49,12 @@ def textbook_sinusoid(position: int, dim: int, base: float) -> list[float]:
     "model_type,head,base", [("gpt2", "GPT2LMHeadModel", 10000.0), ("roberta", "RobertaForMaskedLM", 100.0)]
 )
 def test_sinusoidal_table_equals_the_formula(model_type, head, base):
-    model = patched(model_type, head, "sinusoidal", scale=1.0, base=base)
+    model = patched(model_type, head, "sinusoidal", scale=1.0, theta=base)
     offset = 2 if model_type == "roberta" else 0  # RoBERTa: row p is position p - 2; rows 0 and 1 are padding
     rows = table_slot(model)(torch.arange(NEW_LENGTH + offset)[None])[0]
     expected = torch.tensor([textbook_sinusoid(max(p - offset, 0), 32, base) for p in range(NEW_LENGTH + offset)])
     torch.testing.assert_close(rows, expected, atol=1e-6, rtol=0)
-    odd = posswap.functional.sinusoidal_table(50, 7, base)  # an odd width ends on a sin column
+    odd = posswap.portable.posswap_functional.sinusoidal_table(50, 7, base)  # an odd width ends on a sin column
     torch.testing.assert_close(odd, torch.tensor([textbook_sinusoid(p, 7, base) for p in range(50)]), atol=1e-6, rtol=0)
 
 
@@ -87,10 +87,10 @@ def test_nope_bert_is_permutation_equivariant_and_sinusoidal_bert_is_not():
 
 def test_nope_warns_on_encoders_only():
     with pytest.warns(UserWarning, match="permutation-equivariant"):
-        posswap.patch(make_model("bert", "BertModel"), posswap.NoPEConfig(max_length=NEW_LENGTH))
+        posswap.patch(make_model("bert", "BertModel"), posswap.NopeConfig(max_length=NEW_LENGTH))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        posswap.patch(make_model("gpt2", "GPT2LMHeadModel"), posswap.NoPEConfig(max_length=NEW_LENGTH))
+        posswap.patch(make_model("gpt2", "GPT2LMHeadModel"), posswap.NopeConfig(max_length=NEW_LENGTH))
 
 
 def test_tables_stay_fixed_when_training_everything():
@@ -163,7 +163,7 @@ def test_scale_match_without_a_table_is_refused_untouched():
 
 def test_cli_patches_with_both_methods(tmp_path):
     make_model("bert", "BertForMaskedLM").save_pretrained(tmp_path / "bert")
-    for method, extra in (("sinusoidal", ["--scale", "0.5", "--base", "500"]), ("nope", [])):
+    for method, extra in (("sinusoidal", ["--scale", "0.5", "--theta", "500"]), ("nope", [])):
         out = tmp_path / method
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -174,7 +174,7 @@ def test_cli_patches_with_both_methods(tmp_path):
         block = posswap.from_pretrained(str(out)).config.posswap
         assert block["method"] == method and block["max_length"] == 64
         if method == "sinusoidal":
-            assert (block["scale"], block["base"]) == (0.5, 500)
+            assert (block["scale"], block["theta"]) == (0.5, 500)
 
 
 @pytest.mark.parametrize("arch,method", [("gpt2", "sinusoidal"), ("bert", "nope")])

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..architectures import ARCHITECTURES
 from ..config import check_choice, check_number
+from ..portable.posswap_architectures import ARCHITECTURES
 from .causal import BEYOND, TokenLosses, sliding_losses, window_losses
 from .masked import mask_windows, masked_lm_scores, with_special_tokens
 from .passkey import DEPTHS, build_prompt, passkey_found, random_keys, shortest_prompt
@@ -76,38 +76,7 @@ def evaluate(
         home, movable = model_device(model), getattr(model, "hf_device_map", None) is None  # device_map=: stays put
         if movable:
             model.to(device)
-        kind = model_kind(model)
-        result = ModelResults(kind=kind, limit=context_limit(model))
-        vocab = getattr(model.config, "vocab_size", None)
-        if kind != "encoder" and vocab is not None and int(stream.max()) >= vocab:
-            raise ValueError(
-                f"The tokenizer gives ids up to {int(stream.max())} but {name} has a vocabulary of {vocab}: "
-                "pass the tokenizer the model was trained with (--tokenizer)."
-            )
-        if kind == "causal":
-            _score_causal(model, name, stream, lengths, result, stride, beyond, max_tokens, progress)
-            if passkey_trials > 0:
-                result.passkey = _passkey(
-                    model, name, tokenizer, lengths, result.limit, passkey_trials, passkey_depths, seed, progress
-                )
-                result.metrics["passkey"] = [_mean(row) for row in result.passkey["accuracy"]]
-                if None in result.metrics["passkey"]:
-                    result.notes.append("passkey needs a few dozen tokens of prompt: '-' where a length is shorter.")
-        elif kind == "masked":
-            _score_masked(model, name, tokenizer, stream, lengths, result, seed, max_tokens, progress)
-        else:
-            result.notes.append(
-                f"{type(model).__name__} has no LM head: MLM loss needs one (save or load the checkpoint with "
-                "AutoModelForMaskedLM / AutoModelForCausalLM); only its position table is measured."
-            )
-        if kind == "masked" and beyond == "sliding" and result.limit is not None and lengths[-1] > result.limit:
-            result.notes.append(
-                "masked LMs read lengths past their limit in pieces (truncate); sliding is for causal LMs."
-            )
-        table = learned_table(model) if model.config.model_type in ARCHITECTURES else None
-        if table is not None:  # says something even about an encoder with no head
-            result.metrics["adjacent_cos"] = [adjacent_similarity(table, length) for length in lengths]
-        results.models[name] = result
+        results.models[name] = _score_model(model, name, tokenizer, stream, lengths, settings, passkey_depths, progress)
         if movable and model is spec:
             model.to(home)
         if out is not None and model.config.model_type in ARCHITECTURES:
@@ -116,6 +85,44 @@ def evaluate(
         results.save(Path(out) / "results.json")
         write_plots(results, Path(out))
     return results
+
+
+def _score_model(
+    model, name: str, tokenizer, stream, lengths: list[int], settings: dict, passkey_depths, progress: bool
+) -> ModelResults:
+    """One model at every length: loss (causal or masked), the passkey (causal), the table's adjacent similarity."""
+    stride, beyond, max_tokens = settings["stride"], settings["beyond"], settings["max_tokens"]
+    seed, passkey_trials = settings["seed"], settings["passkey_trials"]
+    kind = model_kind(model)
+    result = ModelResults(kind=kind, limit=context_limit(model))
+    vocab = getattr(model.config, "vocab_size", None)
+    if kind != "encoder" and vocab is not None and int(stream.max()) >= vocab:
+        raise ValueError(
+            f"The tokenizer gives ids up to {int(stream.max())} but {name} has a vocabulary of {vocab}: "
+            "pass the tokenizer the model was trained with (--tokenizer)."
+        )
+    if kind == "causal":
+        _score_causal(model, name, stream, lengths, result, stride, beyond, max_tokens, progress)
+        if passkey_trials > 0:
+            result.passkey = _passkey(
+                model, name, tokenizer, lengths, result.limit, passkey_trials, passkey_depths, seed, progress
+            )
+            result.metrics["passkey"] = [_mean(row) for row in result.passkey["accuracy"]]
+            if None in result.metrics["passkey"]:
+                result.notes.append("passkey needs a few dozen tokens of prompt: '-' where a length is shorter.")
+    elif kind == "masked":
+        _score_masked(model, name, tokenizer, stream, lengths, result, seed, max_tokens, progress)
+    else:
+        result.notes.append(
+            f"{type(model).__name__} has no LM head: MLM loss needs one (save or load the checkpoint with "
+            "AutoModelForMaskedLM / AutoModelForCausalLM); only its position table is measured."
+        )
+    if kind == "masked" and beyond == "sliding" and result.limit is not None and lengths[-1] > result.limit:
+        result.notes.append("masked LMs read lengths past their limit in pieces (truncate); sliding is for causal LMs.")
+    table = learned_table(model) if model.config.model_type in ARCHITECTURES else None
+    if table is not None:  # says something even about an encoder with no head
+        result.metrics["adjacent_cos"] = [adjacent_similarity(table, length) for length in lengths]
+    return result
 
 
 def check_settings(

@@ -7,8 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..architectures import find_sites
-from ..functional import sinusoidal_table  # noqa: F401  (the sinusoidal panel of plot_similarity)
+from ..portable.posswap_architectures import find_sites
 
 
 def cosine_matrix(vectors: torch.Tensor) -> torch.Tensor:

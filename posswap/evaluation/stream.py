@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..architectures import find_sites
+from ..portable.posswap_architectures import find_sites
 
 
 def token_stream(texts, tokenizer, max_tokens: int, min_tokens: int | None = None) -> torch.Tensor:

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..absolute import ABSOLUTE_CHOICES, check_absolute, keep_table, planned_table_weight
-from ..architectures import Sites
 from ..backends import check_bias_backend, resolve_bias_backend, validate_backend
 from ..config import PositionConfig, check_choice
+from ..portable.posswap_architectures import Sites
 from ..registry import register_method
 
 
@@ -62,4 +62,4 @@ def apply(model: nn.Module, sites: Sites, config: AlibiConfig) -> None:
     config.backend = resolve_bias_backend(model, config.backend)
 
 
-register_method(AlibiConfig, check, apply)
+register_method(AlibiConfig, check, apply, variants={"alibi": {}})

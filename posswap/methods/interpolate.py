@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 from ..absolute import replace_table_weight
-from ..architectures import Sites
 from ..config import PositionConfig, check_choice
-from ..functional import RESAMPLE_MODES, resample_positions
 from ..memory import resampled_table_bytes_per_row
+from ..portable.posswap_architectures import Sites
+from ..portable.posswap_functional import RESAMPLE_MODES, resample_positions
 from ..registry import register_method
 
 logger = logging.getLogger("posswap")
@@ -73,4 +73,11 @@ def apply(model: nn.Module, sites: Sites, config: InterpolateConfig) -> None:
     replace_table_weight(sites.table, resized_table_weight(sites, config.max_length, config.mode))
 
 
-register_method(InterpolateConfig, check, apply)
+register_method(
+    InterpolateConfig,
+    check,
+    apply,
+    variants={"copy": {"mode": "copy"}, "linear": {"mode": "linear"}, "cubic": {"mode": "cubic"}},
+    extends_table=True,
+    runtime=False,
+)

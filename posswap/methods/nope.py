@@ -12,21 +12,21 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from ..architectures import Sites
 from ..config import PositionConfig
+from ..portable.posswap_architectures import Sites
 from ..registry import register_method
 
 
 @dataclass
-class NoPEConfig(PositionConfig):
+class NopeConfig(PositionConfig):
     method = "nope"
 
 
-def check(model: nn.Module, sites: Sites, config: NoPEConfig) -> None:
+def check(model: nn.Module, sites: Sites, config: NopeConfig) -> None:
     """Nothing can be refused: any model can lose its positions."""
 
 
-def apply(model: nn.Module, sites: Sites, config: NoPEConfig) -> None:
+def apply(model: nn.Module, sites: Sites, config: NopeConfig) -> None:
     """No weight change: posswap.patch then drops the table at run time, as a saved model's class does."""
     if not sites.arch.causal:
         warnings.warn(
@@ -38,4 +38,4 @@ def apply(model: nn.Module, sites: Sites, config: NoPEConfig) -> None:
         )
 
 
-register_method(NoPEConfig, check, apply)
+register_method(NopeConfig, check, apply, variants={"nope": {}})

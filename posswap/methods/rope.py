@@ -11,29 +11,31 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..absolute import ABSOLUTE_CHOICES, check_absolute, keep_table, planned_table_weight
-from ..architectures import Sites
 from ..backends import check_backend, validate_backend
 from ..config import PositionConfig, check_choice, check_number
+from ..portable.posswap_architectures import Sites
 from ..portable.posswap_rotary import resolve_rotary_dim
 from ..registry import register_method
 
-SCALINGS = (None, "linear", "dynamic", "yarn")
+ROPE_TYPES = (None, "linear", "dynamic", "yarn")  # transformers' rope_type names
 
 
 @dataclass
 class RopeConfig(PositionConfig):
     method = "rope"
 
-    theta: float = field(default=10000.0, metadata={"help": "RoPE base (theta)."})
+    theta: float = field(default=10000.0, metadata={"help": "RoPE frequency base (transformers' rope_theta)."})
     rotary_dim: float | int | None = field(
         default=None,
         metadata={"help": "Head dims rotated: a fraction in (0, 1] or an even number of dims; default all."},
     )
-    scaling: str | None = field(
-        default=None, metadata={"help": "None, linear, dynamic or yarn (transformers' rope functions)."}
+    rope_type: str | None = field(
+        default=None,
+        metadata={"help": "RoPE scaling type: None, linear, dynamic or yarn (transformers' rope_type)."},
     )
     factor: float | None = field(
-        default=None, metadata={"help": "Scaling factor; default max_length / the model's original length."}
+        default=None,
+        metadata={"help": "Scaling factor of rope_type; default max_length / the model's original length."},
     )
     absolute: str = field(
         default="drop", metadata={"help": "drop: remove the learned table; keep: keep it, extended by copy."}
@@ -53,11 +55,11 @@ class RopeConfig(PositionConfig):
                 raise ValueError(
                     f"rotary_dim must be a fraction in (0, 1] or an even positive number of dims, got {r!r}."
                 )
-        check_choice("scaling", self.scaling, SCALINGS)
+        check_choice("rope_type", self.rope_type, ROPE_TYPES)
         if self.factor is not None:
-            if self.scaling is None:
+            if self.rope_type is None:
                 raise ValueError(
-                    "factor only applies with scaling='linear', 'dynamic' or 'yarn'; set scaling or drop factor."
+                    "factor only applies with rope_type='linear', 'dynamic' or 'yarn'; set rope_type or drop factor."
                 )
             check_number("factor", self.factor, minimum=1)
         check_choice("absolute", self.absolute, ABSOLUTE_CHOICES)
@@ -77,4 +79,5 @@ def apply(model: nn.Module, sites: Sites, config: RopeConfig) -> None:
     keep_table(sites, planned_table_weight(sites, config.absolute, config.max_length))
 
 
-register_method(RopeConfig, check, apply)
+# rope-yarn: YaRN stretched by the study's extension (4x).
+register_method(RopeConfig, check, apply, variants={"rope": {}, "rope-yarn": {"rope_type": "yarn", "factor": 4.0}})

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ..architectures import Sites
 from ..config import PositionConfig, check_number
-from ..functional import sinusoidal_table
+from ..portable.posswap_architectures import Sites
+from ..portable.posswap_functional import sinusoidal_table
 from ..registry import register_method
 
 
@@ -18,8 +18,9 @@ from ..registry import register_method
 class SinusoidalConfig(PositionConfig):
     method = "sinusoidal"
 
-    base: float = field(
-        default=10000.0, metadata={"help": "Sinusoid base: dims 2i and 2i+1 turn at base^(-2i/d) rad per position."}
+    theta: float = field(
+        default=10000.0,
+        metadata={"help": "Frequency base: dims 2i and 2i+1 turn at theta^(-2i/d) rad per position."},
     )
     scale: str | float = field(
         default="match",
@@ -31,7 +32,7 @@ class SinusoidalConfig(PositionConfig):
 
     def validate(self) -> None:
         super().validate()
-        check_number("base", self.base, above=1)
+        check_number("theta", self.theta, above=1)
         if self.scale != "match":
             check_number("scale", self.scale, above=0)
 
@@ -63,8 +64,8 @@ def apply(model: nn.Module, sites: Sites, config: SinusoidalConfig) -> None:
     if config.scale == "match":
         learned = sites.table.weight.detach()[sites.offset :]  # real positions only, not RoBERTa's padding rows
         # Over the positions the model knew, the sinusoid then has the learned table's RMS.
-        config.scale = rms(learned) / rms(sinusoidal_table(learned.shape[0], learned.shape[1], config.base))
+        config.scale = rms(learned) / rms(sinusoidal_table(learned.shape[0], learned.shape[1], config.theta))
     config.scale = float(config.scale)
 
 
-register_method(SinusoidalConfig, check, apply)
+register_method(SinusoidalConfig, check, apply, variants={"sinusoidal": {}})

@@ -21,9 +21,10 @@ import torch
 from torch import nn
 
 from ..absolute import ABSOLUTE_CHOICES, check_absolute, keep_table, planned_table_weight
-from ..architectures import Sites, embedding_projection, first_layer_qk
+from ..architectures import embedding_projection, first_layer_qk
 from ..backends import check_bias_backend, resolve_bias_backend, validate_backend
 from ..config import PositionConfig, check_bool, check_choice, check_number
+from ..portable.posswap_architectures import Sites
 from ..portable.posswap_t5 import t5_buckets
 from ..registry import register_method
 
@@ -152,4 +153,4 @@ def bucket_means(scores: torch.Tensor, buckets: torch.Tensor, num_buckets: int) 
     return sums / counts
 
 
-register_method(T5BiasConfig, check, apply, initialize)
+register_method(T5BiasConfig, check, apply, initialize, variants={"t5-bias": {}, "t5-bias-fit": {"init": "fit"}})

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..architectures import Sites, embedding_projection, first_layer_qk
+from ..architectures import embedding_projection, first_layer_qk
 from ..backends import check_bias_backend, resolve_bias_backend, validate_backend
 from ..config import PositionConfig, check_bool, check_choice
-from ..functional import RESAMPLE_MODES
 from ..memory import resampled_table_bytes_per_row
+from ..portable.posswap_architectures import Sites
+from ..portable.posswap_functional import RESAMPLE_MODES
 from ..registry import register_method
 from .interpolate import resized_table_weight
 
@@ -108,4 +109,5 @@ def initialize(model: nn.Module, sites: Sites, config: TupeConfig, table: torch.
         provider.others_to_cls.copy_(full[:, 1:, 0].mean(-1) if full.shape[-1] > 1 else full[:, 0, 0])
 
 
-register_method(TupeConfig, check, apply, initialize)
+# Its correlation comes from the (copied) table, so it reads no further than the table.
+register_method(TupeConfig, check, apply, initialize, variants={"tupe": {}}, extends_table=True)

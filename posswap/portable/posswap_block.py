@@ -91,7 +91,7 @@ _KEYS: dict[str, dict[str, tuple[bool, Callable]]] = {
     "rope": {
         "theta": (False, _number(above=1)),
         "rotary_dim": (False, _rotary_dim),
-        "scaling": (False, _choice(None, "linear", "dynamic", "yarn")),
+        "rope_type": (False, _choice(None, "linear", "dynamic", "yarn")),
         "factor": (False, _number(minimum=1, optional=True)),
         "absolute": (False, _choice(*_ABSOLUTE)),
         "backend": (False, _choice(*_BACKENDS)),
@@ -101,7 +101,7 @@ _KEYS: dict[str, dict[str, tuple[bool, Callable]]] = {
         "absolute": (False, _choice(*_ABSOLUTE)),
         "backend": (False, _choice(*_BACKENDS)),
     },
-    "sinusoidal": {"base": (True, _number(above=1)), "scale": (True, _number(above=0))},
+    "sinusoidal": {"theta": (True, _number(above=1)), "scale": (True, _number(above=0))},
     "nope": {},
     "t5-bias": {
         "num_buckets": (True, _integer(4, 65536)),
@@ -120,6 +120,20 @@ _KEYS: dict[str, dict[str, tuple[bool, Callable]]] = {
 }
 _COMMON = {"max_length": (True, _integer(1)), "original_length": (True, _integer(1)), "version": (False, _text)}
 METHODS = tuple(_KEYS)
+
+
+# Keys renamed since a block was first written: method -> {old: new}. Blocks in folders saved by an older posswap
+# are read with the new names (migrate_block); a user's recipe or flag with an old name is refused, naming the new one.
+RENAMED_KEYS = {"rope": {"scaling": "rope_type"}, "sinusoidal": {"base": "theta"}}
+
+
+def migrate_block(block: Any) -> Any:
+    """``block`` with the keys an older posswap wrote under their current names (the same object when nothing
+    changes; anything that is not a block is returned as it is, for check_block to name)."""
+    renamed = RENAMED_KEYS.get(block.get("method")) if isinstance(block, dict) else None
+    if not renamed or not any(old in block for old in renamed):
+        return block
+    return {renamed.get(key, key): value for key, value in block.items()}
 
 
 def _fail(where: str, text: str) -> ValueError:

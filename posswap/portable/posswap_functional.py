@@ -65,12 +65,12 @@ def resample_positions(weight: torch.Tensor, offset: int, rows: int, mode: str) 
     return torch.cat([head, resample_table(body, rows, mode)])
 
 
-def sinusoidal_table(rows: int, dim: int, base: float = 10000.0) -> torch.Tensor:
+def sinusoidal_table(rows: int, dim: int, theta: float = 10000.0) -> torch.Tensor:
     """The fixed position table of the original Transformer (Vaswani et al.), (rows, dim), float32:
-    ``sin(p * base^(-2i/dim))`` on even dims 2i, ``cos`` of the same angle on odd dims 2i + 1. Angles are made in
+    ``sin(p * theta^(-2i/dim))`` on even dims 2i, ``cos`` of the same angle on odd dims 2i + 1. Angles are made in
     float64 on the CPU: in float32, ``p * frequency`` is off by ~0.01 rad past p = 100k."""
     positions = torch.arange(rows, dtype=torch.float64)[:, None]
-    frequencies = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    frequencies = theta ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     angles = positions * frequencies  # (rows, ceil(dim / 2))
     table = torch.empty(rows, dim, dtype=torch.float64)
     table[:, 0::2] = angles.sin()
@@ -82,7 +82,7 @@ def rope_frequencies(
     head_dim: int,
     rotary_dim: int,
     theta: float,
-    scaling: str | None,
+    rope_type: str | None,
     factor: float,
     original_length: int,
     seq_len: int | None = None,
@@ -96,10 +96,10 @@ def rope_frequencies(
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    rope_type = scaling or "linear"
-    parameters = {"rope_type": rope_type, "rope_theta": float(theta), "factor": float(factor if scaling else 1.0)}
+    kind = rope_type or "linear"  # plain RoPE: linear with factor 1
+    parameters = {"rope_type": kind, "rope_theta": float(theta), "factor": float(factor if rope_type else 1.0)}
     parameters["partial_rotary_factor"] = rotary_dim / head_dim
-    if rope_type == "yarn":
+    if kind == "yarn":
         parameters["original_max_position_embeddings"] = original_length
     parameters.update(extra or {})
     # A Llama config is the carrier transformers' rope functions read their parameters from.
@@ -110,7 +110,7 @@ def rope_frequencies(
         max_position_embeddings=original_length,
         rope_parameters=parameters,
     )
-    return ROPE_INIT_FUNCTIONS[rope_type](config, device=None, seq_len=seq_len)
+    return ROPE_INIT_FUNCTIONS[kind](config, device=None, seq_len=seq_len)
 
 
 def no_autocast(device_type: str):

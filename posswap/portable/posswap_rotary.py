@@ -61,7 +61,7 @@ class Rotary(nn.Module):
         self.head_dim = head_dim
         self.rotary_dim = resolve_rotary_dim(block.get("rotary_dim"), head_dim)
         self.theta = float(block.get("theta", 10000.0))
-        self.scaling = block.get("scaling")
+        self.rope_type = block.get("rope_type")
         self.original_length = block["original_length"]
         factor = block.get("factor")
         self.factor = max(factor if factor is not None else block["max_length"] / self.original_length, 1.0)
@@ -80,20 +80,20 @@ class Rotary(nn.Module):
 
     def _compute(self, seq_len: int | None) -> tuple[torch.Tensor, float]:
         return rope_frequencies(
-            self.head_dim, self.rotary_dim, self.theta, self.scaling, self.factor, self.original_length, seq_len
+            self.head_dim, self.rotary_dim, self.theta, self.rope_type, self.factor, self.original_length, seq_len
         )
 
     def cos_sin(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """fp32 (batch or 1, n, rotary_dim) cos and sin of ``position_ids``; a pure function of them."""
         seq_len = None
-        if self.scaling == "dynamic":  # frequencies follow the longest position seen (NTK-aware)
+        if self.rope_type == "dynamic":  # frequencies follow the longest position seen (NTK-aware)
             longest = int(position_ids.max()) + 1
             seq_len = longest if longest > self.original_length else None
         inv_freq, scale = self.frequencies(position_ids.device, seq_len)
         return rotary_cos_sin(inv_freq, position_ids, scale)
 
     def extra_repr(self) -> str:
-        return f"rotary_dim={self.rotary_dim}, theta={self.theta}, scaling={self.scaling}, factor={self.factor}"
+        return f"rotary_dim={self.rotary_dim}, theta={self.theta}, rope_type={self.rope_type}, factor={self.factor}"
 
 
 class RotateProjection:

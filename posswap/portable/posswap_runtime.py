@@ -14,7 +14,7 @@ from torch import nn
 from .posswap_alibi import AlibiBias
 from .posswap_architectures import Sites, find_sites
 from .posswap_attention import PLAIN_IMPLEMENTATIONS, install_bias
-from .posswap_block import check_block, describe
+from .posswap_block import check_block, describe, migrate_block
 from .posswap_files import install_atomic_save
 from .posswap_guard import install_length_guard
 from .posswap_rotary import install_rotary
@@ -44,7 +44,7 @@ def _install_alibi(model: nn.Module, sites: Sites, block: dict) -> None:
 def _install_sinusoidal(model: nn.Module, sites: Sites, block: dict) -> None:
     dim, rows = sites.table_dim, model.config.max_position_embeddings
     like = sites.base.get_input_embeddings().weight  # the dtype and device the rows are returned in
-    table = SinusoidalPositions(dim, rows, sites.offset, float(block["base"]), float(block["scale"]), like)
+    table = SinusoidalPositions(dim, rows, sites.offset, float(block["theta"]), float(block["scale"]), like)
     setattr(sites.owner, sites.arch.table, table)
 
 
@@ -91,6 +91,9 @@ def install_positions(model: nn.Module, block: dict) -> None:
     """Make ``model`` run as ``block`` says: drop the table if asked, hook the method in, guard the length, and
     make its ``save_pretrained`` atomic. The block is checked first (a hand-edited config.json is named, not a
     KeyError from an installer). Idempotent. Builds no tensors, so it also works on the meta device."""
+    migrated = migrate_block(block)  # a folder saved by an older posswap: its keys under their current names
+    if migrated is not block:
+        block = model.config.posswap = migrated
     check_block(block, describe(model.config), model.config)
     sites = find_sites(model)
     if block["method"] in INSTALLERS:

@@ -41,9 +41,9 @@ class SinusoidalPositions(nn.Module):
     the model's dtype, which the empty ``dtype_probe`` buffer follows through ``.to()`` / ``.half()`` and loading.
     """
 
-    def __init__(self, dim: int, rows: int, offset: int, base: float, scale: float, like: torch.Tensor):
+    def __init__(self, dim: int, rows: int, offset: int, theta: float, scale: float, like: torch.Tensor):
         super().__init__()
-        self.dim, self.rows, self.offset, self.base, self.scale = dim, rows, offset, base, scale
+        self.dim, self.rows, self.offset, self.theta, self.scale = dim, rows, offset, theta, scale
         self.register_buffer("dtype_probe", torch.empty(0, dtype=like.dtype, device=like.device), persistent=False)
         self._tables: dict[torch.device, torch.Tensor] = {}
 
@@ -51,7 +51,7 @@ class SinusoidalPositions(nn.Module):
         device = torch.device(device)
         if device not in self._tables:
             positions = (torch.arange(self.rows) - self.offset).clamp(min=0)
-            rows = sinusoidal_table(self.rows - self.offset, self.dim, self.base) * self.scale
+            rows = sinusoidal_table(self.rows - self.offset, self.dim, self.theta) * self.scale
             self._tables[device] = rows[positions].to(device)
         return self._tables[device]
 
@@ -59,6 +59,4 @@ class SinusoidalPositions(nn.Module):
         return self.table(position_ids.device)[position_ids].to(self.dtype_probe.dtype)
 
     def extra_repr(self) -> str:
-        return (
-            f"dim={self.dim}, rows={self.rows}, offset={self.offset}, base={self.base}, scale={self.scale:.4g} (fixed)"
-        )
+        return f"dim={self.dim}, rows={self.rows}, offset={self.offset}, theta={self.theta}, scale={self.scale:.4g} (fixed)"

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..config import check_number
+from ..portable.posswap_block import migrate_block
 from .copier import CopierRecipe, copier, make_optimizer, tiled_windows, train_step
 from .plan import EXTEND, VARIANTS, variant_patch
 from .scoring import write_json
@@ -263,7 +264,10 @@ def cached_run(work: Path, spec: CopyingSpec, name: str, seed: int) -> dict | No
     if not path.is_file():
         return None
     found = json.loads(path.read_text())
-    return found if found.get("key") == json.loads(json.dumps(run_key(spec, name, seed))) else None
+    key = found.get("key")
+    if isinstance(key, dict) and isinstance(key.get("patch"), dict):  # a run of an older posswap: keys renamed since
+        key = {**key, "patch": migrate_block(key["patch"])}
+    return found if key == json.loads(json.dumps(run_key(spec, name, seed))) else None
 
 
 def run_names(spec: CopyingSpec) -> list[str]:

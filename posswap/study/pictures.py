@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..architectures import Sites, find_sites
 from ..evaluation.plots import MAX_SIMILARITY_POINTS, plt, save_figure
 from ..evaluation.similarity import cosine_matrix, learned_table
 from ..patching import CONFIG_KEY
+from ..portable.posswap_architectures import Sites, find_sites
 from ..portable.posswap_attention import BIAS_IMPLEMENTATIONS
 from ..portable.posswap_t5 import T5Buckets, t5_buckets
 from ..portable.posswap_tupe import TupeBias
@@ -71,14 +71,14 @@ def _rotary_map(model: nn.Module, sites: Sites, positions: torch.Tensor) -> Map:
     (YaRN's attention factor) weighs the rotated pairs by scale^2 against the unrotated ones."""
     rotary = sites.base.posswap_rotary
     longest = int(positions.max()) + 1  # dynamic scaling stretches with the longest position, as at run time
-    seq_len = longest if rotary.scaling == "dynamic" and longest > rotary.original_length else None
+    seq_len = longest if rotary.rope_type == "dynamic" and longest > rotary.original_length else None
     inv_freq, scale = rotary.frequencies(torch.device("cpu"), seq_len)
     distance = (positions[:, None] - positions[None, :]).double()
     rotated = torch.cos(distance[..., None] * inv_freq.double()).sum(-1) * scale**2
     unrotated = (rotary.head_dim - rotary.rotary_dim) / 2
     pairs = len(inv_freq) * scale**2 + unrotated
     title = f"RoPE: mean cos((i-j)θ), {rotary.rotary_dim}/{rotary.head_dim} dims rotated"
-    return ((rotated + unrotated) / pairs).float(), title + (f", {rotary.scaling}" if rotary.scaling else "")
+    return ((rotated + unrotated) / pairs).float(), title + (f", {rotary.rope_type}" if rotary.rope_type else "")
 
 
 def _bias_map(model: nn.Module, sites: Sites, positions: torch.Tensor) -> Map:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .. import methods  # noqa: F401  (registers the methods and their variants)
 from ..config import check_number
+from ..registry import study_variants
 from ..training.recipe import DataSpec
 
 TRAIN_DATA = "posswap:train"  # five Austen novels + the King James Bible
@@ -29,39 +31,17 @@ PHASES = ("quick", "long")
 
 
 def variant_patch(name: str, length: int) -> dict:
-    """The ``posswap:`` block of a method variant for a base of ``length`` positions."""
-    table, free = EXTEND * length, 2 * EXTEND * length  # a learned table is made for 4x; the rest reach 8x
-    patches = {
-        "copy": {"method": "interpolate", "mode": "copy", "max_length": table},
-        "linear": {"method": "interpolate", "mode": "linear", "max_length": table},
-        "cubic": {"method": "interpolate", "mode": "cubic", "max_length": table},
-        "rope": {"method": "rope", "max_length": free},
-        "rope-yarn": {"method": "rope", "max_length": free, "scaling": "yarn", "factor": float(EXTEND)},
-        "alibi": {"method": "alibi", "max_length": free},
-        "sinusoidal": {"method": "sinusoidal", "max_length": free},
-        "nope": {"method": "nope", "max_length": free},
-        "t5-bias": {"method": "t5-bias", "max_length": free},
-        "t5-bias-fit": {"method": "t5-bias", "max_length": free, "init": "fit"},
-        "tupe": {"method": "tupe", "max_length": table},  # its correlation comes from the (copied) table
-    }
-    if name not in patches:
-        raise ValueError(f"Unknown study variant {name!r}; choose from {', '.join(patches)}.")
-    return patches[name]
+    """The ``posswap:`` block of a method variant (registered with its method) for a base of ``length`` positions:
+    a learned table is made for the trained 4x; the rest are patched to 8x, so that 8x is real extrapolation."""
+    table = study_variants()
+    if name not in table:
+        raise ValueError(f"Unknown study variant {name!r}; choose from {', '.join(table)}.")
+    spec, keys = table[name]
+    reach = EXTEND if spec.extends_table else 2 * EXTEND
+    return {"method": spec.name, **keys, "max_length": reach * length}
 
 
-VARIANTS = (
-    "copy",
-    "linear",
-    "cubic",
-    "rope",
-    "rope-yarn",
-    "alibi",
-    "sinusoidal",
-    "nope",
-    "t5-bias",
-    "t5-bias-fit",
-    "tupe",
-)
+VARIANTS = tuple(study_variants())  # every registered method's variants, in registration order
 
 
 @dataclass(frozen=True)
@@ -126,7 +106,7 @@ class BaseSpec:
         """This base in ``phase``: the long phase trains longer (its variants are picked from the quick results
         by the runner) and probes more distances."""
         if phase not in PHASES:
-            raise ValueError(f"--budget must be one of {', '.join(PHASES)}; got {phase!r}.")
+            raise ValueError(f"--phase must be one of {', '.join(PHASES)}; got {phase!r}.")
         if phase == "quick":
             return replace(self, phase="quick")
         if self.long_budget is None:
@@ -196,7 +176,7 @@ def select(
         raise ValueError(f"Unknown preset {preset!r}; choose from {', '.join(PRESETS)}.")
     specs = PRESETS[preset]
     if phase != "quick" and preset != "full":
-        raise ValueError(f"--budget {phase} is a phase of the full study; --preset {preset} has one budget of its own.")
+        raise ValueError(f"--phase {phase} is a phase of the full study; --preset {preset} has one phase of its own.")
     if bases:
         known = {spec.name for spec in specs}
         unknown = sorted(set(bases) - known)

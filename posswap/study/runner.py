@@ -22,6 +22,7 @@ import torch
 from ..config import load_yaml
 from ..evaluation.plots import write_plots
 from ..files import remove_model_folder
+from ..portable.posswap_block import migrate_block
 from .plan import EXTEND, LONG_VARIANTS, BaseSpec, Budget, variant_patch
 from .report import base_summary, curve_plot, probe_plot
 from .scoring import BASELINE, ORIGINAL, Scorer, load_sets, loss_metric, save_sets, set_name, write_json
@@ -168,7 +169,7 @@ class Study:
         if (
             done.exists()
             and (run_dir / "recipe.yaml").exists()
-            and load_yaml((run_dir / "recipe.yaml").read_text()) == raw
+            and same_recipe(load_yaml((run_dir / "recipe.yaml").read_text()), raw)
         ):
             if curve is not None and curve_file.exists():
                 curve.points = [tuple(p) for p in json.loads(curve_file.read_text())]
@@ -215,7 +216,7 @@ class Study:
         folder = self.out / spec.name / "quick" / "trained"
         if not (folder / f"{set_name(spec.heldout_data)}.json").exists():
             raise ValueError(
-                f"The long phase trains the best variants of the quick one: run `posswap study --budget quick` first (no {folder})."
+                f"The long phase trains the best variants of the quick one: run `posswap study --phase quick` first (no {folder})."
             )
         results = load_sets(spec, folder)[spec.heldout_data]
         metric, at = loss_metric(spec.name == "gpt2"), results.lengths.index(EXTEND * spec.length)
@@ -225,16 +226,32 @@ class Study:
     # -- one base ----------------------------------------------------------------------------------------
 
     def run_base(self, spec: BaseSpec) -> dict:
+        """One base: the variants' recipes -> the original scored -> each variant scored untrained (quick phase)
+        -> each trained -> scored, probed and drawn -> the training curves -> the report."""
         from transformers import AutoTokenizer
 
         original = self.original(spec)
         tokenizer = AutoTokenizer.from_pretrained(original)
-        causal = spec.name == "gpt2"
         out = self.out / spec.name / spec.phase
-        window, budget = EXTEND * spec.length, spec.budget
+        raws = self._variant_recipes(spec, original)
+        scorer = Scorer(spec, tokenizer, spec.name == "gpt2", self.device, cache=self.work / spec.name / "scores")
+
+        originals = self._timed(f"{spec.name}/eval original", scorer.originals, original, spec.lengths)
+        untrained = {n: Untrained(r) for n, r in raws.items()}
+        if spec.phase == "quick":  # the untrained cost of each method; the long phase shows the quick one's
+            step0 = self._timed(f"{spec.name}/eval step 0", scorer.variants, originals, untrained, spec.step0_lengths)
+            save_sets(step0, out / "step0")
+        trained, curves = self._train_all(spec, original, raws, tokenizer)
+        self._score_trained(spec, scorer, originals, untrained, trained, original, out)
+        self._timed(f"{spec.name}/pictures", self.pictures, spec, original, trained, tokenizer, out)
+        self._write_curves(spec, originals[spec.heldout_data], curves, out)
+        return self.report_base(spec)
+
+    def _variant_recipes(self, spec: BaseSpec, original: Path) -> dict[str, dict]:
+        """Each variant's recipe (the quick phase's variants, or the best of the quick phase for the long one)."""
         variants = spec.variants if spec.phase == "quick" else self.best_of_quick(spec)
-        work = self.work / spec.name / spec.phase
-        raws = {
+        work, budget = self.work / spec.name / spec.phase, spec.budget
+        return {
             name: self._recipe(
                 spec,
                 str(original),
@@ -242,35 +259,36 @@ class Study:
                 work / name,
                 budget,
                 budget.batch_size,
-                window,
+                EXTEND * spec.length,
                 repeats=True,
             )
             for name in variants
         }
-        scorer = Scorer(spec, tokenizer, causal, self.device, cache=self.work / spec.name / "scores")
 
-        originals = self._timed(f"{spec.name}/eval original", scorer.originals, original, spec.lengths)
-        untrained = {n: Untrained(r) for n, r in raws.items()}
-        if spec.phase == "quick":  # the untrained cost of each method; the long phase shows the quick one's
-            step0 = self._timed(f"{spec.name}/eval step 0", scorer.variants, originals, untrained, spec.step0_lengths)
-            save_sets(step0, out / "step0")
-
+    def _train_all(self, spec: BaseSpec, original: Path, raws: dict, tokenizer) -> tuple[dict[str, Path], dict]:
+        """Every variant trained at 4x, and the original (the baseline) the same steps and tokens per step at its own
+        length; returns their model folders and their held-out curves."""
+        causal, budget = spec.name == "gpt2", spec.budget
         curves: dict[str, list] = {}
         trained: dict[str, Path] = {}
         for name, raw in raws.items():
-            recorder = CurveRecorder(tokenizer, window, budget.eval_every, spec.eval_tokens, causal, spec.heldout_data)
+            recorder = CurveRecorder(
+                tokenizer, EXTEND * spec.length, budget.eval_every, spec.eval_tokens, causal, spec.heldout_data
+            )
             trained[name] = self._timed(f"{spec.name}/train {name}", self._train, raw, recorder)
             curves[name] = recorder.points
-        if spec.baseline:  # the original, the same steps and tokens per step, at its own length
-            raw = self._recipe(
-                spec, str(original), None, work / "baseline", budget, budget.batch_size * EXTEND, repeats=True
-            )
+        if spec.baseline:
+            work = self.work / spec.name / spec.phase / "baseline"
+            raw = self._recipe(spec, str(original), None, work, budget, budget.batch_size * EXTEND, repeats=True)
             recorder = CurveRecorder(
                 tokenizer, spec.length, budget.eval_every, spec.eval_tokens, causal, spec.heldout_data
             )
             trained[BASELINE] = self._timed(f"{spec.name}/train baseline", self._train, raw, recorder)
             curves[BASELINE] = recorder.points
+        return trained, curves
 
+    def _score_trained(self, spec: BaseSpec, scorer, originals, untrained, trained, original, out: Path) -> None:
+        """The trained models at every length (with plots), then the repeat probe (untrained too, if asked)."""
         after = self._timed(
             f"{spec.name}/eval trained",
             scorer.variants,
@@ -289,21 +307,19 @@ class Study:
                 {ORIGINAL: str(original), **before, **{n: str(p) for n, p in trained.items()}},
             )
             write_json(out / "probe.json", probed)
-        self._timed(f"{spec.name}/pictures", self.pictures, spec, original, trained, tokenizer, out)
 
-        metric = loss_metric(causal)
-        first = originals[spec.heldout_data]
+    def _write_curves(self, spec: BaseSpec, first, curves: dict, out: Path) -> None:
+        metric = loss_metric(spec.name == "gpt2")
         write_json(
             out / "curves.json",
             {
                 "metric": metric,
-                "length": window,
-                "steps": budget.steps,
+                "length": EXTEND * spec.length,
+                "steps": spec.budget.steps,
                 "original_at_1x": first.models[ORIGINAL].metrics[metric][0],
                 "curves": curves,
             },
         )
-        return self.report_base(spec)
 
     def pictures(self, spec: BaseSpec, original: Path, trained: dict[str, Path], tokenizer, out: Path) -> None:
         """Position maps, attention against distance (after training) and the T5 buckets, on the first held-out
@@ -334,7 +350,7 @@ class Study:
         out = self.out / spec.name / spec.phase
         if not (out / "curves.json").exists():
             raise ValueError(
-                f"No finished {spec.phase} study of {spec.name} in {out}: run posswap study --budget {spec.phase} without --report-only first."
+                f"No finished {spec.phase} study of {spec.name} in {out}: run posswap study --phase {spec.phase} without --report-only first."
             )
         quick = self.out / spec.name / "quick"
         step0 = load_sets(spec, quick / "step0") if (quick / "step0").exists() else None
@@ -374,6 +390,14 @@ class Study:
         wall = time.perf_counter() - started
         text = "\n\n".join(s["summary"] for s in summaries)
         return f"{text}\n\nWall time {wall / 60:.1f} min on {machine['description']}; files in {self.out}/."
+
+
+def same_recipe(saved, raw: dict) -> bool:
+    """A finished run's recipe is this one; a run saved by an older posswap still is (its posswap block is read
+    with today's key names, as a saved model's is)."""
+    if isinstance(saved, dict) and isinstance(saved.get("posswap"), dict):
+        saved = {**saved, "posswap": migrate_block(saved["posswap"])}
+    return saved == raw
 
 
 def record_run(path: Path, record: dict) -> Path:

@@ -12,6 +12,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,11 @@ from torch.utils.data import DataLoader, IterableDataset
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, get_cosine_schedule_with_warmup
 
-from ..architectures import ARCHITECTURES, find_sites
-from ..files import absolute, check_folder_target, check_writable, hold
+from ..files import check_folder_target, check_writable
 from ..loading import from_pretrained, load_tokenizer, resolve_model_id, save_model_and_tokenizer
 from ..patching import patch, patched_config
+from ..portable.posswap_architectures import ARCHITECTURES, find_sites
+from ..portable.posswap_files import absolute, hold
 from .checkpoint import (
     check_optimizer_groups,
     latest_checkpoint,
@@ -141,12 +143,56 @@ def hold_run_dir(run_dir: Path) -> Iterator[None]:
 
 
 def _train(recipe: Recipe, raw, resume: bool, callbacks, overwrite: bool, force: bool) -> Path:
-    t = recipe.train
-    run_dir = Path(t.output_dir)
+    """One training run, as nanoGPT reads: check -> build -> resume -> train each stage -> save, evaluate, push."""
+    checkpoint = _check_before_work(recipe, resume, overwrite, force)
+    accelerator = _accelerator(recipe.train)
+    run = _build(recipe, accelerator)
+    if checkpoint is not None:
+        _resume(run, checkpoint, force)
+    _start_run_dir(run, raw, resume)
+    bar = tqdm(
+        total=recipe.train.max_steps, initial=run.step, disable=not accelerator.is_local_main_process, desc="train"
+    )
+    lengths = recipe.train.window_lengths(run.max_length)
+    for stage, ((start, end), length) in enumerate(zip(stage_bounds(recipe.train.max_steps, len(lengths)), lengths)):
+        if run.step < end:
+            _train_stage(run, stage, start, end, length, bar, callbacks)
+    bar.close()
+    return _finish(run, replace=overwrite or resume)
+
+
+@dataclass
+class _Run:
+    """What the steps of one training run share."""
+
+    recipe: Recipe
+    accelerator: Accelerator
+    model: Any
+    tokenizer: Any
+    causal: bool
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    max_length: int  # the patched length, or the model's own
+    offset: int  # RoBERTa's padding rows
+    step: int = 0
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.recipe.train.output_dir)
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / "log.jsonl"
+
+
+def _check_before_work(recipe: Recipe, resume: bool, overwrite: bool, force: bool):
+    """Everything that can be refused before a model is loaded; returns the checkpoint to resume from (or None)."""
+    t, run_dir = recipe.train, Path(recipe.train.output_dir)
     final_dir = run_dir / "model"
-    replace = overwrite or resume
     # Found out now, not after the training: the final save may not replace what is there.
-    check_folder_target(final_dir, replace, _local_source(recipe.model), flag="train.output_dir: model folder")
+    check_folder_target(
+        final_dir, overwrite or resume, _local_source(recipe.model), flag="train.output_dir: model folder"
+    )
     check_writable(final_dir, flag="train.output_dir: model folder")  # permissions, a read-only or immutable folder
     if not resume and latest_checkpoint(run_dir) is not None:
         raise ValueError(
@@ -164,7 +210,10 @@ def _train(recipe: Recipe, raw, resume: bool, callbacks, overwrite: bool, force:
             raise ValueError(
                 "push_to_hub is set but you are not logged in to the Hub: run `hf auth login` or set HF_TOKEN."
             )
+    return checkpoint
 
+
+def _accelerator(t) -> Accelerator:
     accelerator = Accelerator(
         # Without an accelerator, say so: then several processes run as MULTI_CPU over gloo (not one each).
         cpu=not _has_accelerator(),
@@ -187,12 +236,17 @@ def _train(recipe: Recipe, raw, resume: bool, callbacks, overwrite: bool, force:
             "Resumable checkpoints are not supported under FSDP yet: set train.save_every >= train.max_steps, "
             "or train with the DDP config (recipes/accelerate/ddp.yaml)."
         )
+    return accelerator
+
+
+def _build(recipe: Recipe, accelerator: Accelerator) -> _Run:
+    """The patched model with what trains selected, AdamW with warmup and cosine decay, prepared by accelerate."""
+    t = recipe.train
     set_seed(t.seed)  # also makes a newly created MLM head the same in every run
     model, tokenizer, causal = load_patched_model(recipe)
     sites = find_sites(model)
-    offset, max_length = sites.offset, sites.max_length  # the patched length, or the model's own
     if recipe.max_length is None:  # posswap: null trains at the model's own length, known only now
-        recipe.check_windows(max_length)
+        recipe.check_windows(sites.max_length)
     if t.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     position_names = position_parameter_names(model)  # by id: peft's wrapping renames them
@@ -202,114 +256,139 @@ def _train(recipe: Recipe, raw, resume: bool, callbacks, overwrite: bool, force:
     optimizer = torch.optim.AdamW(parameter_groups(model, positions, t), lr=t.lr)
     scheduler = get_cosine_schedule_with_warmup(optimizer, t.warmup_steps, t.max_steps)
     model, optimizer = accelerator.prepare(model, optimizer)
+    return _Run(recipe, accelerator, model, tokenizer, causal, optimizer, scheduler, sites.max_length, sites.offset)
 
-    step, progress = 0, {}
-    if checkpoint is not None:
-        progress = load_checkpoint(
-            checkpoint,
-            accelerator.unwrap_model(model),
-            optimizer,
-            scheduler,
-            accelerator.process_index,
-            accelerator.num_processes,
+
+def _resume(run: _Run, checkpoint: Path, force: bool) -> None:
+    accelerator = run.accelerator
+    progress = load_checkpoint(
+        checkpoint,
+        accelerator.unwrap_model(run.model),
+        run.optimizer,
+        run.scheduler,
+        accelerator.process_index,
+        accelerator.num_processes,
+    )
+    run.step = progress["step"]
+    if force:
+        _use_recipe_rates(run.optimizer, run.scheduler, run.recipe.train)
+    accelerator.print(f"Resumed from {checkpoint} at step {run.step}.")
+
+
+def _start_run_dir(run: _Run, raw, resume: bool) -> None:
+    """The recipe as given and as resolved, and the log cut back to the checkpoint (main process)."""
+    if not run.accelerator.is_main_process:
+        return
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    (run.run_dir / "recipe.yaml").write_text(yaml.safe_dump(raw or {}, sort_keys=False))
+    # Rewritten on every start: after a --force resume, the next --resume compares with what ran last.
+    (run.run_dir / RECIPE_JSON).write_text(json.dumps(run.recipe.to_dict(), indent=1) + "\n")
+    # The log says what the weights went through: lines past the checkpoint (or of an old run) go.
+    kept = log_lines_upto(run.log_path, run.step) if resume else []
+    run.log_path.write_text("".join(line + "\n" for line in kept))
+
+
+def _train_stage(run: _Run, stage: int, start: int, end: int, length: int, bar, callbacks) -> None:
+    """Steps ``start`` to ``end`` of the curriculum on windows of ``length`` tokens (from ``run.step`` on a resume)."""
+    t = run.recipe.train
+    pose = (t.pose_window, run.max_length, run.offset) if t.pose_window else None
+    prepare = batch_preparer(run.causal, run.tokenizer, t.mlm_probability, pose)
+    batches = _batches(run.accelerator, _stage_loader(run, length), consumed=(run.step - start) * t.grad_accum)
+    while run.step < end:
+        loss = _optimizer_step(run, batches, prepare)
+        run.step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.3f}", length=length)
+        _log_step(run, loss, length)
+        if run.step % t.save_every == 0 and run.step < t.max_steps:
+            _save_checkpoint(run, stage)
+        for callback in callbacks:
+            callback(run.step, loss, run.accelerator.unwrap_model(run.model))
+
+
+def _stage_loader(run: _Run, length: int):
+    recipe, t, accelerator = run.recipe, run.recipe.train, run.accelerator
+    with accelerator.main_process_first():  # tokenise once; other processes reuse datasets' cache
+        windows = packed_windows(
+            recipe.data.train, run.tokenizer, length, recipe.data.text_column, recipe.data.streaming
         )
-        step = progress["step"]
-        if force:
-            _use_recipe_rates(optimizer, scheduler, t)
-        accelerator.print(f"Resumed from {checkpoint} at step {step}.")
-    log_path = run_dir / "log.jsonl"
+        windows = with_repeated_spans(windows, recipe.data.repeat_fraction, recipe.data.repeat_span, t.seed)
+    # Its own generator: starting an iterator must not draw from the global RNG that dropout and MLM
+    # masks use, or a resumed run (which starts one mid-stream) would diverge.
+    loader = DataLoader(
+        windows,
+        batch_size=t.batch_size,
+        shuffle=not recipe.data.streaming,
+        collate_fn=stack_windows,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(t.seed),
+    )
+    return accelerator.prepare(loader)
+
+
+def _optimizer_step(run: _Run, batches, prepare) -> float:
+    """One optimizer step over ``grad_accum`` micro-batches; returns the loss, averaged over processes."""
+    t, accelerator, model = run.recipe.train, run.accelerator, run.model
+    loss_sum = 0.0
+    for micro in range(t.grad_accum):
+        batch = prepare(next(batches))
+        sync = micro == t.grad_accum - 1
+        with accelerator.no_sync(model) if not sync else nullcontext():  # DDP all-reduces once per step
+            loss = model(**batch).loss / t.grad_accum
+            accelerator.backward(loss)
+        loss_sum += loss.detach().float()
+    # The prepared model's parameters: FSDP replaces those captured before prepare (frozen ones have no grad).
+    accelerator.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return accelerator.reduce(loss_sum, reduction="mean").item()
+
+
+def _log_step(run: _Run, loss: float, length: int) -> None:
+    t = run.recipe.train
+    if run.accelerator.is_main_process and (run.step % t.log_every == 0 or run.step == t.max_steps):
+        line = {"step": run.step, "loss": loss, "lr": run.scheduler.get_last_lr()[0], "length": length}
+        with open(run.log_path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+def _save_checkpoint(run: _Run, stage: int) -> None:
+    accelerator = run.accelerator
+    weights = {n: p for n, p in accelerator.unwrap_model(run.model).named_parameters() if p.requires_grad}
+    save_checkpoint(
+        run.run_dir,
+        run.step,
+        weights,
+        run.optimizer,
+        run.scheduler,
+        {"stage": stage},
+        accelerator.process_index,
+        accelerator.num_processes,
+        accelerator.wait_for_everyone,
+    )
     if accelerator.is_main_process:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "recipe.yaml").write_text(yaml.safe_dump(raw or {}, sort_keys=False))
-        # Rewritten on every start: after a --force resume, the next --resume compares with what ran last.
-        (run_dir / RECIPE_JSON).write_text(json.dumps(recipe.to_dict(), indent=1) + "\n")
-        # The log says what the weights went through: lines past the checkpoint (or of an old run) go.
-        kept = log_lines_upto(log_path, step) if resume else []
-        log_path.write_text("".join(line + "\n" for line in kept))
+        prune_checkpoints(run.run_dir, run.recipe.train.keep_checkpoints)
 
-    pose = (t.pose_window, max_length, offset) if t.pose_window else None
-    prepare = batch_preparer(causal, tokenizer, t.mlm_probability, pose)
-    lengths = t.window_lengths(max_length)
-    bar = tqdm(total=t.max_steps, initial=step, disable=not accelerator.is_local_main_process, desc="train")
-    for stage, ((start, end), length) in enumerate(zip(stage_bounds(t.max_steps, len(lengths)), lengths)):
-        if step >= end:
-            continue
-        with accelerator.main_process_first():  # tokenise once; other processes reuse datasets' cache
-            windows = packed_windows(
-                recipe.data.train, tokenizer, length, recipe.data.text_column, recipe.data.streaming
-            )
-            windows = with_repeated_spans(windows, recipe.data.repeat_fraction, recipe.data.repeat_span, t.seed)
-        # Its own generator: starting an iterator must not draw from the global RNG that dropout and MLM
-        # masks use, or a resumed run (which starts one mid-stream) would diverge.
-        loader = DataLoader(
-            windows,
-            batch_size=t.batch_size,
-            shuffle=not recipe.data.streaming,
-            collate_fn=stack_windows,
-            drop_last=True,
-            generator=torch.Generator().manual_seed(t.seed),
-        )
-        loader = accelerator.prepare(loader)
-        batches = _batches(accelerator, loader, consumed=(step - start) * t.grad_accum)
-        while step < end:
-            loss_sum = 0.0
-            for micro in range(t.grad_accum):
-                batch = prepare(next(batches))
-                sync = micro == t.grad_accum - 1
-                with accelerator.no_sync(model) if not sync else nullcontext():  # DDP all-reduces once per step
-                    loss = model(**batch).loss / t.grad_accum
-                    accelerator.backward(loss)
-                loss_sum += loss.detach().float()
-            # The prepared model's parameters: FSDP replaces those captured before prepare (frozen ones have no grad).
-            accelerator.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            mean_loss = accelerator.reduce(loss_sum, reduction="mean").item()
-            bar.update(1)
-            bar.set_postfix(loss=f"{mean_loss:.3f}", length=length)
-            if accelerator.is_main_process and (step % t.log_every == 0 or step == t.max_steps):
-                with open(log_path, "a") as f:
-                    f.write(
-                        json.dumps(
-                            {"step": step, "loss": mean_loss, "lr": scheduler.get_last_lr()[0], "length": length}
-                        )
-                        + "\n"
-                    )
-            if step % t.save_every == 0 and step < t.max_steps:
-                weights = {n: p for n, p in accelerator.unwrap_model(model).named_parameters() if p.requires_grad}
-                save_checkpoint(
-                    run_dir,
-                    step,
-                    weights,
-                    optimizer,
-                    scheduler,
-                    {"stage": stage},
-                    accelerator.process_index,
-                    accelerator.num_processes,
-                    accelerator.wait_for_everyone,
-                )
-                if accelerator.is_main_process:
-                    prune_checkpoints(run_dir, t.keep_checkpoints)
-            for callback in callbacks:
-                callback(step, mean_loss, accelerator.unwrap_model(model))
-    bar.close()
 
+def _finish(run: _Run, replace: bool) -> Path:
+    """The final model saved (LoRA merged), evaluated and pushed if the recipe says so; returns its folder."""
+    accelerator, recipe = run.accelerator, run.recipe
+    final_dir = run.run_dir / "model"
     accelerator.wait_for_everyone()
-    final = _final_model(accelerator, model, recipe)
+    final = _final_model(accelerator, run.model, recipe)
     if accelerator.is_main_process:
         save_model_and_tokenizer(
             final,
-            tokenizer,
+            run.tokenizer,
             final_dir,
             overwrite=replace,
             source=_local_source(recipe.model),
             flag="train.output_dir: model folder",
         )
-        _evaluate(recipe, final, tokenizer, run_dir, accelerator.device)
+        _evaluate(recipe, final, run.tokenizer, run.run_dir, accelerator.device)
         if recipe.push_to_hub:
-            _push(recipe, final_dir, run_dir)
+            _push(recipe, final_dir, run.run_dir)
     accelerator.wait_for_everyone()
     return final_dir
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..architectures import find_sites
+from ..portable.posswap_architectures import find_sites
 
 
 def _is_norm(name: str) -> bool:
