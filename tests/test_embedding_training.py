@@ -170,3 +170,39 @@ def test_bad_embedding_recipe_is_one_line_and_writes_nothing(tiny_st, text_file,
     err = capsys.readouterr().err.strip()
     assert re.search(message, err) and len(err.splitlines()) == 1, err
     assert not (tmp_path / "run").exists()
+
+
+def results_file(folder: Path, models: dict, fingerprints: dict) -> None:
+    folder.mkdir(parents=True)
+    data = {"task": "passkey", "lengths": [256, 2048], "documents": 100, "seed": 0, "depth_buckets": 5}
+    data |= {"settings": {"fingerprints": fingerprints}, "models": models}
+    (folder / "retrieval.json").write_text(json.dumps(data))
+
+
+def scored(limit: int, accuracy: list[float]) -> dict:
+    stderr = [(p * (1 - p) / 100) ** 0.5 for p in accuracy]
+    return {"limit": limit, "accuracy": accuracy, "stderr": stderr, "by_depth": [], "hits": []}
+
+
+def test_readme_table_comes_from_the_json(tmp_path, capsys):
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "tools" / "readme_embeddings.py"
+    spec = importlib.util.spec_from_file_location("readme_embeddings", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    prints = {"256": "a", "2048": "b"}
+    results_file(tmp_path / "untrained", {"stock": scored(512, [0.9, 0.2])}, prints)
+    results_file(tmp_path / "trained", {"trained": scored(2048, [0.85, 0.81])}, prints)
+    assert tool.main(["--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| 256 | 0.90 ± 0.03 | 0.85 ± 0.04 |" in out and "| 2048 | 0.20 ± 0.04 | 0.81 ± 0.04 |" in out
+    assert "target 0.8: reached" in out
+    assert "At 256 tokens: -0.05 against stock (a fall larger than its standard error, 0.03)." in out
+    results_file(tmp_path / "other" / "trained", {"trained": scored(2048, [0.9, 0.8])}, {"256": "x", "2048": "b"})
+    (tmp_path / "other" / "untrained").mkdir()
+    (tmp_path / "other" / "untrained" / "retrieval.json").write_text(
+        (tmp_path / "untrained" / "retrieval.json").read_text()
+    )
+    with pytest.raises(SystemExit, match="different documents"):
+        tool.main(["--results", str(tmp_path / "other")])

@@ -126,7 +126,6 @@ def training_arguments(recipe: Recipe, run_dir: Path):
         per_device_train_batch_size=t.batch_size,
         gradient_accumulation_steps=t.grad_accum,
         max_grad_norm=1.0,
-        gradient_checkpointing=t.gradient_checkpointing,
         logging_steps=t.log_every,
         save_strategy="no",  # a Trainer checkpoint pickles the optimizer; posswap writes safetensors only
         report_to=[],
@@ -136,6 +135,8 @@ def training_arguments(recipe: Recipe, run_dir: Path):
         dataloader_drop_last=True,
         batch_sampler=BatchSamplers.NO_DUPLICATES,  # a repeated passage would be its own false negative
         disable_tqdm=False,
+        # Named only when on: transformers 5 warns that the name is deprecated whenever it is passed.
+        **({"gradient_checkpointing": True} if t.gradient_checkpointing else {}),
     )
 
 

@@ -1,0 +1,112 @@
+"""Print the README's long-embedding table from the results JSON (nothing typed by hand):
+
+    python tools/readme_embeddings.py [--task passkey] [--results results/embeddings]
+
+Reads ``<results>/untrained/retrieval.json`` (stock MiniLM and each extension untrained),
+``<results>/trained/stride-untrained/retrieval.json`` (the stride placement, untrained) and
+``<results>/trained/retrieval.json`` (after ``posswap train recipes/minilm-embed-2k.yaml``) with the run's
+``training.json``; the files must hold the same documents (same task, lengths, seed and fingerprints).
+Then: the target at the longest length, and what training cost at each length up to the stock model's limit
+(a fall larger than the stock model's standard error is named as such).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET = 0.8  # issue 23: passkey accuracy at 4x the original length after training
+# Untrained models, shown before the trained one: the stock model and the extensions (the retrieval evaluation's
+# run), then the stride placement (this recipe's run).
+BEFORE = ("untrained", "trained/stride-untrained")
+
+
+def load(folder: Path, task: str) -> dict:
+    name = "retrieval.json" if task == "passkey" else f"retrieval-{task}.json"
+    path = folder / name
+    if not path.is_file():
+        raise SystemExit(f"readme_embeddings: no {path}; run the evaluation first (see the module docstring).")
+    return json.loads(path.read_text())
+
+
+def merged(untrained: dict, trained: dict) -> dict:
+    """One results mapping with the models of both files, refused unless they scored the same documents."""
+    for key in ("task", "lengths", "documents", "seed"):
+        if untrained[key] != trained[key]:
+            raise SystemExit(f"readme_embeddings: the two files differ in {key}: {untrained[key]} vs {trained[key]}.")
+    if untrained["settings"].get("fingerprints") != trained["settings"].get("fingerprints"):
+        raise SystemExit("readme_embeddings: the two files scored different documents (fingerprints differ).")
+    return {**untrained, "models": {**untrained["models"], **trained["models"]}}
+
+
+def table(results: dict) -> list[str]:
+    names = list(results["models"])
+    lines = ["| tokens | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for i, length in enumerate(results["lengths"]):
+        cells = [f"{m['accuracy'][i]:.2f} ± {m['stderr'][i]:.2f}" for m in results["models"].values()]
+        lines.append(f"| {length} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def verdict(results: dict, stock: str, trained: str) -> list[str]:
+    """The target at the longest length, and the cost at each length the stock model reads whole."""
+    lengths, models = results["lengths"], results["models"]
+    base, after = models[stock], models[trained]
+    last = len(lengths) - 1
+    reached = "reached" if after["accuracy"][last] >= TARGET else "not reached"
+    lines = [
+        f"At {lengths[last]} tokens, {trained}: {after['accuracy'][last]:.2f} ± {after['stderr'][last]:.2f} "
+        f"(target {TARGET}: {reached}); {stock}: {base['accuracy'][last]:.2f} ± {base['stderr'][last]:.2f}."
+    ]
+    for i, length in enumerate(lengths):
+        if base["limit"] is not None and length > base["limit"]:
+            continue
+        change = after["accuracy"][i] - base["accuracy"][i]
+        within = "within" if change >= -base["stderr"][i] else "a fall larger than"
+        lines.append(
+            f"At {length} tokens: {change:+.2f} against {stock} ({within} its standard error, {base['stderr'][i]:.2f})."
+        )
+    return lines
+
+
+def training_line(path: Path) -> str:
+    if not path.is_file():
+        return ""
+    run = json.loads(path.read_text())
+    return (
+        f"Training: `{run['command']}`: {run['steps']} steps of {run['batch_size']} (passage, document) pairs, "
+        f"{run['wall_seconds'] / 60:.1f} min wall ({run['cpu_seconds'] / 60:.1f} min of CPU) on {run['machine']}; "
+        f"loss {run['losses'][0]:.3f} -> {run['losses'][-1]:.3f}."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", default="passkey", choices=("passkey", "needle"))
+    parser.add_argument("--results", default=str(ROOT / "results" / "embeddings"))
+    args = parser.parse_args(argv)
+    root = Path(args.results)
+    results = load(root / "trained", args.task)
+    for folder in reversed(BEFORE):  # the untrained models first, in this order
+        if (root / folder).is_dir():
+            results = merged(load(root / folder, args.task), results)
+    names = list(results["models"])
+    lines = table(results)
+    lines += [
+        "",
+        f"{results['task']} retrieval, accuracy at 1 ± standard error, {results['documents']} documents "
+        f"per length (chance {1 / results['documents']:.2f}), seed {results['seed']}.",
+        "",
+    ]
+    stock = next((n for n in names if n.startswith("stock")), names[0])
+    lines += verdict(results, stock, names[-1])
+    extra = training_line(root / "trained" / "training.json")
+    print("\n".join(lines + ([extra] if extra else [])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
