@@ -334,7 +334,9 @@ def _add_demo(commands) -> None:
 def _add_eval(commands) -> None:
     e = commands.add_parser("eval", help="Score models at each context length; write results.json and PNG plots.")
     e.add_argument("models", nargs="+", metavar="MODEL", help="Hub ids or local folders (patched or stock).")
-    _list_flag(e, "--lengths", int, help=f"Context lengths (default {' '.join(map(str, DEFAULT_LENGTHS))}).")
+    _list_flag(
+        e, "--lengths", int, metavar="LENGTH", help=f"Context lengths (default {' '.join(map(str, DEFAULT_LENGTHS))})."
+    )
     e.add_argument(
         "--data",
         default="posswap:austen-heldout",
@@ -359,7 +361,11 @@ def _add_eval(commands) -> None:
         "--passkey-trials", type=int, default=3, help="Passkey keys per length and depth, causal LMs only (0: skip)."
     )
     _list_flag(
-        e, "--passkey-depths", float, help=f"Depths of the key, 0 to 1 (default {' '.join(map(str, DEFAULT_DEPTHS))})."
+        e,
+        "--passkey-depths",
+        float,
+        metavar="DEPTH",
+        help=f"Depths of the key, 0 to 1 (default {' '.join(map(str, DEFAULT_DEPTHS))}).",
     )
     e.add_argument("--seed", type=int, default=0, help="Seed of the masks and keys (the same for every model).")
     e.add_argument(
@@ -466,12 +472,17 @@ def _add_study(commands) -> None:
         help="Phase of the full study: quick (every variant, a small budget) or long (the quick phase's best four and the original, longer; run quick first).",
     )
     _list_flag(
-        s, "--model", choices=("gpt2", "minilm"), help="Only these bases of the text study (default: the preset's)."
+        s,
+        "--model",
+        choices=("gpt2", "minilm"),
+        metavar="MODEL",
+        help="Only these bases of the text study: gpt2, minilm (default: the preset's).",
     )
     copying_only = [v for v in (*COPYING_VARIANTS, *ROPE_RECIPES) if v not in VARIANTS]
     _list_flag(
         s,
         "--variants",
+        metavar="VARIANT",
         help=f"Subset of {' '.join(VARIANTS)} (default: all; the long phase: the quick phase's best four); the copying presets "
         f"also take {' '.join(copying_only)}.",
     )
