@@ -163,5 +163,6 @@ def test_cli_on_the_shipped_minilm_writes_retrieval_json(tmp_path, capsys):
     data = json.loads((out / "retrieval.json").read_text())
     assert data["task"] == "passkey" and data["lengths"] == [128, 256] and data["documents"] == 4
     assert data["models"]["minilm"]["limit"] == 256  # the shipped model reads 256 tokens
+    assert data["settings"]["tokenizer"] == "the tokenizer of minilm"  # no path of this machine in the results
     assert len(data["models"]["minilm"]["accuracy"]) == 2 and (out / "retrieval.png").is_file()
     assert "| tokens | minilm |" in capsys.readouterr().out

@@ -198,9 +198,10 @@ def evaluate_retrieval(
     for name, model in models.items():
         if not callable(getattr(model, "encode", None)):
             raise ValueError(f"models[{name!r}] has no encode method; give a SentenceTransformer or an encoder.")
+    label = _tokenizer_label(models, tokenizer)
     tokenizer = load_tokenizer(models, tokenizer)
     tasks = build_tasks(task, tokenizer, lengths, documents, seed, haystack)
-    results = RetrievalResults(task, lengths, documents, seed, DEPTH_BUCKETS, _settings(tasks, tokenizer, haystack))
+    results = RetrievalResults(task, lengths, documents, seed, DEPTH_BUCKETS, _settings(tasks, label, haystack))
     steps = tqdm(total=len(models) * len(tasks), desc=f"{task} retrieval", disable=not progress)
     for name, model in models.items():
         results.models[name] = _evaluate_model(model, tasks, batch_size, steps, name)
@@ -208,10 +209,17 @@ def evaluate_retrieval(
     return results
 
 
-def _settings(tasks: list[RetrievalTask], tokenizer, haystack: str | None) -> dict:
+def _tokenizer_label(models: dict[str, Any], tokenizer: Any) -> str:
+    """What measured the lengths, without this machine's paths: "the tokenizer of MODEL", a name, or a class."""
+    if tokenizer is None:
+        return f"the tokenizer of {next(iter(models))}"
+    return str(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else type(tokenizer).__name__
+
+
+def _settings(tasks: list[RetrievalTask], tokenizer: str, haystack: str | None) -> dict:
     first = tasks[0]
     return {
-        "tokenizer": getattr(tokenizer, "name_or_path", type(tokenizer).__name__),
+        "tokenizer": tokenizer,
         "haystack": haystack or DEFAULT_HAYSTACK[first.task],
         "example_needle": first.needles[0],
         "example_query": first.queries[0],
