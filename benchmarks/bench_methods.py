@@ -1,28 +1,36 @@
-"""Tokens/s and peak memory of each posswap method against stock GPT-2, measured in the same run, as ratios.
+"""Time and peak memory of each posswap method against the stock model, measured in the same process, interleaved.
 
-    python benchmarks/bench_methods.py --size reference --lengths 256 512 1024 2048      # the study's table
+    python benchmarks/bench_methods.py --size reference --lengths 2048 4096 --repeats 5 --out results/speed/gpt2-reference.json
+    python benchmarks/bench_methods.py --size minilm --lengths 2048 4096 --repeats 5 --out results/speed/minilm.json
     python benchmarks/bench_methods.py --size small --variants stock alibi-sdpa alibi-flex --lengths 512 4096
 
-A GPT-2 config (--size reference: the study's 6 x 256, 8 heads, 8k vocabulary; small: GPT-2-small, 12 x 768;
---layers to shorten), random weights, batch 1, the bare transformer (GPT2Model: no LM head, whose cost would
-hide the attention). Each patched variant starts from a table of length/4 positions (the study's 4x) and is
-patched to the length; stock is GPT-2 with a learned table of the full length, i.e. what the same model
-costs at that length without posswap. Variants:
-  stock       GPT-2 with SDPA (is_causal, no mask tensor), learned table
+Sizes: reference (the study's GPT-2: 6 x 256, 8 heads, 8k vocabulary), small (GPT-2-small, 12 x 768), minilm (a
+BERT the shape of all-MiniLM-L6-v2: 6 x 384, 12 heads: the encoder where the bias is symmetric); --layers to
+shorten. Random weights, batch 1, the bare transformer (GPT2Model / BertModel: no head, whose cost would hide the
+attention). Each patched variant starts from a table of length/4 positions (the study's 4x) and is patched to the
+length; stock is the same model with a learned table of the full length, i.e. what it costs at that length
+without posswap. Variants:
+  stock       the model with SDPA (GPT-2: is_causal, no mask tensor), learned table
   copy        interpolate (copy): the same compute as stock by construction, measured to show it
-  rope        posswap RoPE (rotation in hooks on c_attn, table dropped); rope-yarn: YaRN factor 4
-  alibi-sdpa  posswap ALiBi, bias added to SDPA's float mask
+  rope        posswap RoPE (rotation in hooks on the q/k projections, table dropped); rope-yarn: YaRN factor 4
+  alibi-sdpa  posswap ALiBi through SDPA (symmetric for the encoder); inference on CPU: the blocked path
+              (portable/posswap_blocked.py), no (heads, n, n) bias; with gradients the dense bias
+  alibi-dense the same with the dense (heads, n, n) bias forced (the path before the blocked one)
   alibi-flex  posswap ALiBi, bias in flex_attention's score_mod (torch.compile'd, compile time excluded);
               forward only on CPU: torch 2.13's flex_attention has no CPU backward
   sinusoidal  posswap's fixed sin/cos table in place of the learned one (a row lookup, as stock)
   nope        no positions at all (table dropped, nothing added)
-  t5-bias     posswap t5-bias (32 buckets shared by the layers), bias added to SDPA's float mask
+  t5-bias     posswap t5-bias (32 buckets shared by the layers) through SDPA, blocked at inference as alibi-sdpa;
+              t5-bias-dense: the dense bias forced
   tupe        posswap TUPE (sdpa): the positional correlation as extra q/k features, no n x n tensor
   tupe-dense  the alternative TUPE did not take: the same correlation as a dense (heads, n, n) bias in SDPA's mask
-  tupe-r      TUPE-R (sdpa): features plus T5's bucketed relative bias (dense)
-Each (variant, length, mode) runs in its own subprocess. Peak memory: on CUDA torch.cuda.max_memory_allocated;
-on CPU the peak resident set size (a sampling thread reading /proc/self/statm every 0.5 ms) during the
-measured call, minus the RSS just before it, with MALLOC_MMAP_THRESHOLD_=65536 so that freed tensors leave RSS. Time: the median of --repeats calls after one warm-up.
+  tupe-r      TUPE-R (sdpa): features plus T5's bucketed relative bias (blocked at inference)
+One process per (length, pass) holds every variant's model; each round calls every variant once (the order
+rotating by one each round), so a noisy neighbour slows all variants alike, and the ratios to stock are taken
+from the same rounds. Time: median of --repeats rounds after one warm-up call each. Peak memory: on CUDA
+torch.cuda.max_memory_allocated; on CPU the peak resident set size (a sampling thread reading /proc/self/statm
+every 0.5 ms) during the call minus the RSS just before it, with MALLOC_MMAP_THRESHOLD_=65536 so that freed
+tensors leave RSS; the median over rounds. --out writes every figure and the command to a JSON file.
 """
 
 from __future__ import annotations
@@ -30,11 +38,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 VARIANTS = (
     "stock",
@@ -42,10 +52,12 @@ VARIANTS = (
     "rope",
     "rope-yarn",
     "alibi-sdpa",
+    "alibi-dense",
     "alibi-flex",
     "sinusoidal",
     "nope",
     "t5-bias",
+    "t5-bias-dense",
     "tupe",
     "tupe-dense",
     "tupe-r",
@@ -53,8 +65,11 @@ VARIANTS = (
 SIZES = {
     "reference": dict(n_layer=6, n_embd=256, n_head=8, vocab_size=8192),
     "small": dict(n_layer=12, n_embd=768, n_head=12),
+    "minilm": dict(num_hidden_layers=6, hidden_size=384, num_attention_heads=12, intermediate_size=1536),
 }
+ENCODERS = {"minilm"}
 MODES = ("fwd", "fwd+bwd")
+DENSE = {"alibi-dense", "t5-bias-dense", "tupe-dense"}  # run with the dense bias forced
 
 
 def _rss() -> int:
@@ -88,19 +103,24 @@ class PeakRss:
 def patch_config(variant: str, length: int):
     import posswap
 
-    return {
-        "copy": posswap.InterpolateConfig(max_length=length, mode="copy"),
-        "rope": posswap.RopeConfig(max_length=length),
-        "rope-yarn": posswap.RopeConfig(max_length=length, scaling="yarn", factor=4.0),
-        "alibi-sdpa": posswap.AlibiConfig(max_length=length, backend="sdpa"),
-        "alibi-flex": posswap.AlibiConfig(max_length=length, backend="flex"),
-        "sinusoidal": posswap.SinusoidalConfig(max_length=length),
-        "nope": posswap.NoPEConfig(max_length=length),
-        "t5-bias": posswap.T5BiasConfig(max_length=length, backend="sdpa"),
-        "tupe": posswap.TupeConfig(max_length=length, backend="sdpa"),
-        "tupe-dense": posswap.TupeConfig(max_length=length, backend="sdpa"),
-        "tupe-r": posswap.TupeConfig(max_length=length, backend="sdpa", relative=True),
-    }[variant]
+    rope_type = {"rope_type": "yarn"}  # issue 24's name; older posswap: scaling
+    if "rope_type" not in posswap.RopeConfig.__dataclass_fields__:
+        rope_type = {"scaling": "yarn"}
+    nope = getattr(posswap, "NopeConfig", None) or posswap.NoPEConfig
+    factories = {
+        "copy": lambda: posswap.InterpolateConfig(max_length=length, mode="copy"),
+        "rope": lambda: posswap.RopeConfig(max_length=length),
+        "rope-yarn": lambda: posswap.RopeConfig(max_length=length, factor=4.0, **rope_type),
+        "alibi-sdpa": lambda: posswap.AlibiConfig(max_length=length, backend="sdpa"),
+        "alibi-flex": lambda: posswap.AlibiConfig(max_length=length, backend="flex"),
+        "sinusoidal": lambda: posswap.SinusoidalConfig(max_length=length),
+        "nope": lambda: nope(max_length=length),
+        "t5-bias": lambda: posswap.T5BiasConfig(max_length=length, backend="sdpa"),
+        "tupe": lambda: posswap.TupeConfig(max_length=length, backend="sdpa"),
+        "tupe-r": lambda: posswap.TupeConfig(max_length=length, backend="sdpa", relative=True),
+    }
+    base = {"alibi-dense": "alibi-sdpa", "t5-bias-dense": "t5-bias", "tupe-dense": "tupe"}.get(variant, variant)
+    return factories[base]()
 
 
 def as_dense_bias(model) -> None:
@@ -112,28 +132,47 @@ def as_dense_bias(model) -> None:
         fq, fk = features(q_pos, k_pos, 1.0)
         return fq @ fk.transpose(-1, -2)  # (1, heads, q, k)
 
-    provider.has_bias, provider.bias, provider.features = True, bias, lambda *args: None
+    provider.has_bias, provider.has_features, provider.bias = True, False, bias
 
 
-def measure(variant: str, length: int, mode: str, size: str, layers: int | None, repeats: int, device: str) -> dict:
+def build(variant: str, length: int, size: str, layers: int | None, device: str):
+    """The bare model of ``size`` for ``variant`` at ``length`` (random weights, seed 0, no dropout)."""
     import torch
     import transformers
 
     import posswap
 
     torch.manual_seed(0)
-    shape = {**SIZES[size], **({"n_layer": layers} if layers else {})}
     original = length if variant == "stock" else length // 4
-    config = transformers.GPT2Config(**shape, n_positions=original, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
-    model = transformers.GPT2Model(config).to(device)
+    if size in ENCODERS:
+        shape = {**SIZES[size], **({"num_hidden_layers": layers} if layers else {})}
+        config = transformers.BertConfig(
+            **shape, max_position_embeddings=original, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+        )
+        model = transformers.BertModel(config, add_pooling_layer=False)
+    else:
+        shape = {**SIZES[size], **({"n_layer": layers} if layers else {})}
+        config = transformers.GPT2Config(**shape, n_positions=original, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
+        model = transformers.GPT2Model(config)
+    model = model.to(device)
     if variant != "stock":
         posswap.patch(model, patch_config(variant, length))
     if variant == "tupe-dense":
         as_dense_bias(model)
-    model.train(mode == "fwd+bwd")
-    ids = torch.randint(0, config.vocab_size, (1, length), device=device)
+    return model
 
-    def step():
+
+def step_function(model, variant: str, length: int, mode: str, device: str):
+    """One measured call: forward under no_grad, or forward and backward; the dense variants force the dense bias."""
+    import torch
+
+    from posswap.portable import posswap_blocked
+
+    model.train(mode == "fwd+bwd")
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (1, length), device=device, generator=torch.Generator(device).manual_seed(1))
+
+    def call():
         if mode == "fwd":
             with torch.no_grad():
                 model(input_ids=ids)
@@ -143,87 +182,176 @@ def measure(variant: str, length: int, mode: str, size: str, layers: int | None,
         if device == "cuda":
             torch.cuda.synchronize()
 
-    step()  # warm-up (and flex compilation)
-    times = []
-    for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-        start = time.perf_counter()
-        with PeakRss() as rss:
-            step()
-        times.append(time.perf_counter() - start)
-        peak = torch.cuda.max_memory_allocated() - base if device == "cuda" else rss.delta
-    return {"time": statistics.median(times), "peak": peak, "tokens_per_s": length / statistics.median(times)}
+    def step():
+        saved = posswap_blocked.BLOCK_BYTES
+        if variant in DENSE:
+            posswap_blocked.BLOCK_BYTES = 2**62  # never blocked: the dense (heads, n, n) bias
+        try:
+            call()
+        finally:
+            posswap_blocked.BLOCK_BYTES = saved
+
+    return step
+
+
+def timed(step, device: str) -> tuple[float, int]:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    start = time.perf_counter()
+    with PeakRss() as rss:
+        step()
+    seconds = time.perf_counter() - start
+    return seconds, (torch.cuda.max_memory_allocated() - base if device == "cuda" else rss.delta)
+
+
+def measure_all(variants: list[str], length: int, mode: str, args) -> dict:
+    """Every variant's model in this process; rounds of one call each, the order rotating; medians."""
+    steps = {}
+    for variant in variants:
+        model = build(variant, length, args.size, args.layers, args.device)
+        steps[variant] = step_function(model, variant, length, mode, args.device)
+        steps[variant]()  # warm-up (and flex compilation)
+    times = {v: [] for v in variants}
+    peaks = {v: [] for v in variants}
+    for round_ in range(args.repeats):
+        order = variants[round_ % len(variants) :] + variants[: round_ % len(variants)]
+        for variant in order:
+            seconds, peak = timed(steps[variant], args.device)
+            times[variant].append(seconds)
+            peaks[variant].append(peak)
+    return {
+        v: {
+            "time": statistics.median(times[v]),
+            "peak": statistics.median(peaks[v]),
+            "times": times[v],
+            "peaks": peaks[v],
+            "tokens_per_s": length / statistics.median(times[v]),
+        }
+        for v in variants
+    }
+
+
+def run_child(variants: list[str], length: int, mode: str, args) -> dict | None:
+    command = [sys.executable, __file__, "--_one", f"{length},{mode}", "--variants", *variants]
+    command += ["--size", args.size, "--repeats", str(args.repeats), "--device", args.device]
+    command += ["--layers", str(args.layers)] if args.layers else []
+    command += ["--threads", str(args.threads)] if args.threads else []
+    # Large blocks via mmap: freed memory goes back to the OS, so RSS follows live tensors.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        print(f"{length} {mode} failed:\n{done.stderr[-3000:]}", file=sys.stderr)
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def ratios(results: dict) -> list[dict]:
+    """Rows for the table and the JSON: each variant against stock of the same length and pass."""
+    rows = []
+    for (length, mode), by_variant in results.items():
+        stock = by_variant.get("stock")
+        for variant, r in by_variant.items():
+            row = {"length": length, "pass": mode, "variant": variant, **r}
+            if stock:
+                row["time_vs_stock"] = r["time"] / stock["time"]
+                row["memory_vs_stock"] = r["peak"] / stock["peak"] if stock["peak"] > 0 else None
+            rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict], args) -> None:
+    mib = 2**20
+    memory = "CUDA max_memory_allocated" if args.device == "cuda" else "peak RSS delta"
+    threads = f", {args.threads} thread(s)" if args.threads else ""
+    print(
+        f"\n{args.size} ({model_shape(args)}), batch 1, {args.device}{threads}, median of {args.repeats}; memory = {memory}"
+    )
+    print("| length | pass | variant | tokens/s | peak MiB | time / stock | memory / stock |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        time_ratio = f"{r['time_vs_stock']:.2f}" if "time_vs_stock" in r else "-"
+        memory_ratio = f"{r['memory_vs_stock']:.2f}" if r.get("memory_vs_stock") is not None else "-"
+        print(
+            f"| {r['length']} | {r['pass']} | {r['variant']} | {r['tokens_per_s']:,.0f} | {r['peak'] / mib:.1f} "
+            f"| {time_ratio} | {memory_ratio} |"
+        )
+
+
+def model_shape(args) -> dict:
+    layers_key = "num_hidden_layers" if args.size in ENCODERS else "n_layer"
+    return {**SIZES[args.size], **({layers_key: args.layers} if args.layers else {})}
+
+
+def write_json(path: Path, rows: list[dict], args) -> None:
+    import torch
+
+    record = {
+        "command": "python benchmarks/bench_methods.py " + " ".join(sys.argv[1:]),
+        "size": args.size,
+        "model": ("BertModel" if args.size in ENCODERS else "GPT2Model") + f" {model_shape(args)}, random weights",
+        "device": args.device,
+        "threads": args.threads or torch.get_num_threads(),
+        "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(),
+        "repeats": args.repeats,
+        "note": "time and memory are medians over rounds in one process per (length, pass), variants interleaved; "
+        "ratios are to stock from the same process. The machine was shared with other jobs: absolute figures "
+        "are noisy, the ratios less so.",
+        "rows": rows,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".json.tmp")
+    staging.write_text(json.dumps(record, indent=1) + "\n")
+    staging.replace(path)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    parser.add_argument("--lengths", type=int, nargs="+", action="extend", default=None)
     parser.add_argument("--size", choices=sorted(SIZES), default="reference")
     parser.add_argument("--layers", type=int, default=None, help="Fewer layers than the size has (shorter runs).")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="Rounds measured (median), after one warm-up call.")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in the measuring process.")
+    parser.add_argument("--variants", nargs="+", action="extend", default=None, choices=VARIANTS)
+    parser.add_argument("--passes", nargs="+", action="extend", default=None, choices=MODES)
+    parser.add_argument("--out", type=Path, default=None, help="Write the figures and the command to this JSON file.")
     parser.add_argument("--_one", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args._one:  # child process: one configuration
-        variant, length, mode = args._one.split(",")
-        print(json.dumps(measure(variant, int(length), mode, args.size, args.layers, args.repeats, args.device)))
+    variants = args.variants or list(VARIANTS)
+    if args.size in ENCODERS:
+        variants = [v for v in variants if v not in ("alibi-flex", "tupe-dense", "tupe-r")]
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    if args._one:  # child process: one (length, pass), every variant
+        import torch
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        length, mode = args._one.split(",")
+        print(json.dumps(measure_all(variants, int(length), mode, args)))
         return
-
     results = {}
-    for length in args.lengths:
-        for mode in MODES:
-            for variant in args.variants:
-                if variant == "alibi-flex" and mode == "fwd+bwd" and args.device == "cpu":
-                    continue  # torch 2.13: "FlexAttention does not support backward on CPU"
-                command = [
-                    sys.executable,
-                    __file__,
-                    "--_one",
-                    f"{variant},{length},{mode}",
-                    "--size",
-                    args.size,
-                    "--repeats",
-                    str(args.repeats),
-                    "--device",
-                    args.device,
-                ] + (["--layers", str(args.layers)] if args.layers else [])
-                # Large blocks via mmap: freed memory goes back to the OS, so RSS follows live tensors.
-                env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-                done = subprocess.run(command, capture_output=True, text=True, env=env)
-                if done.returncode != 0:
-                    print(f"{variant} {length} {mode} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
-                    continue
-                results[variant, length, mode] = json.loads(done.stdout.strip().splitlines()[-1])
-                r = results[variant, length, mode]
-                print(
-                    f"  {variant:10s} {length:6d} {mode:8s} {r['time']:8.3f} s  {r['peak'] / 2**20:9.1f} MiB",
-                    file=sys.stderr,
-                    flush=True,
-                )
-
-    mib = 2**20
-    shape = {**SIZES[args.size], **({"n_layer": args.layers} if args.layers else {})}
-    print(
-        f"\nGPT-2 {args.size} ({shape}), GPT2Model, batch 1, {args.device}, median of {args.repeats}; "
-        f"memory = {'CUDA max_memory_allocated' if args.device == 'cuda' else 'peak RSS delta'} during the call"
-    )
-    print("| length | pass | variant | tokens/s | peak MiB | speed / stock | memory / stock |")
-    print("|---|---|---|---|---|---|---|")
-    for length in args.lengths:
-        for mode in MODES:
-            stock = results.get(("stock", length, mode))
-            for variant in args.variants:
-                r = results.get((variant, length, mode))
-                if r is None:
-                    continue
-                speed = f"{stock['time'] / r['time']:.2f}" if stock else "-"
-                memory = f"{r['peak'] / stock['peak']:.2f}" if stock and stock["peak"] > 0 else "-"
-                print(
-                    f"| {length} | {mode} | {variant} | {length / r['time']:,.0f} | {r['peak'] / mib:.1f} | {speed} | {memory} |"
-                )
+    for length in args.lengths or [512, 1024, 2048, 4096]:
+        for mode in args.passes or list(MODES):
+            chosen = [v for v in variants if not (v == "alibi-flex" and mode == "fwd+bwd" and args.device == "cpu")]
+            # (torch 2.13: "FlexAttention does not support backward on CPU")
+            measured = run_child(chosen, length, mode, args)
+            if measured is not None:
+                results[length, mode] = measured
+                for variant, r in measured.items():
+                    print(
+                        f"  {variant:13s} {length:6d} {mode:8s} {r['time']:8.3f} s  {r['peak'] / 2**20:9.1f} MiB",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    rows = ratios(results)
+    print_table(rows, args)
+    if args.out:
+        write_json(args.out, rows, args)
 
 
 if __name__ == "__main__":

