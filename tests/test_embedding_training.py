@@ -192,17 +192,16 @@ def test_readme_table_comes_from_the_json(tmp_path, capsys):
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     prints = {"256": "a", "2048": "b"}
-    results_file(tmp_path / "untrained", {"stock": scored(512, [0.9, 0.2])}, prints)
+    results_file(tmp_path / "untrained" / "passkey", {"minilm-512": scored(512, [0.9, 0.2])}, prints)
     results_file(tmp_path / "trained", {"trained": scored(2048, [0.85, 0.81])}, prints)
     assert tool.main(["--results", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "| 256 | 0.90 ± 0.03 | 0.85 ± 0.04 |" in out and "| 2048 | 0.20 ± 0.04 | 0.81 ± 0.04 |" in out
     assert "target 0.8: reached" in out
-    assert "At 256 tokens: -0.05 against stock (a fall larger than its standard error, 0.03)." in out
+    assert "At 256 tokens, trained: -0.05 against minilm-512 (a fall beyond; minilm-512's standard error 0.03)." in out
     results_file(tmp_path / "other" / "trained", {"trained": scored(2048, [0.9, 0.8])}, {"256": "x", "2048": "b"})
-    (tmp_path / "other" / "untrained").mkdir()
-    (tmp_path / "other" / "untrained" / "retrieval.json").write_text(
-        (tmp_path / "untrained" / "retrieval.json").read_text()
-    )
+    (tmp_path / "other" / "untrained" / "passkey").mkdir(parents=True)
+    copied = (tmp_path / "untrained" / "passkey" / "retrieval.json").read_text()
+    (tmp_path / "other" / "untrained" / "passkey" / "retrieval.json").write_text(copied)
     with pytest.raises(SystemExit, match="different documents"):
         tool.main(["--results", str(tmp_path / "other")])

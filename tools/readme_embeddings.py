@@ -19,17 +19,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 0.8  # issue 23: passkey accuracy at 4x the original length after training
-# Untrained models, shown before the trained one: the stock model and the extensions (the retrieval evaluation's
-# run), then the stride placement (this recipe's run).
-BEFORE = ("untrained", "trained/stride-untrained")
+# Untrained models first: the stock model and the extensions (the retrieval evaluation's run, one folder per task),
+# then the stride placement; then the recipe's runs (copy init as the recipe says, and stride init with --set).
+UNTRAINED = ("untrained/{task}", "trained/stride-untrained")
+TRAINED = ("trained", "trained-stride")
+STOCK = "minilm-512"  # the stock weights reading 512 tokens (the shipped folder says 256: minilm)
 
 
-def load(folder: Path, task: str) -> dict:
-    name = "retrieval.json" if task == "passkey" else f"retrieval-{task}.json"
-    path = folder / name
-    if not path.is_file():
-        raise SystemExit(f"readme_embeddings: no {path}; run the evaluation first (see the module docstring).")
-    return json.loads(path.read_text())
+def load(folder: Path) -> dict:
+    return json.loads((folder / "retrieval.json").read_text())
 
 
 def merged(untrained: dict, trained: dict) -> dict:
@@ -65,21 +63,27 @@ def verdict(results: dict, stock: str, trained: str) -> list[str]:
         if base["limit"] is not None and length > base["limit"]:
             continue
         change = after["accuracy"][i] - base["accuracy"][i]
-        within = "within" if change >= -base["stderr"][i] else "a fall larger than"
+        cost = "no fall" if change >= 0 else "a fall within" if change >= -base["stderr"][i] else "a fall beyond"
         lines.append(
-            f"At {length} tokens: {change:+.2f} against {stock} ({within} its standard error, {base['stderr'][i]:.2f})."
+            f"At {length} tokens, {trained}: {change:+.2f} against {stock} ({cost}; {stock}'s standard error "
+            f"{base['stderr'][i]:.2f})."
         )
     return lines
 
 
-def training_line(path: Path) -> str:
+def quarter(losses: list[float]) -> str:
+    return f"{sum(losses) / len(losses):.3f}" if losses else "n/a"
+
+
+def training_line(path: Path) -> str | None:
     if not path.is_file():
-        return ""
+        return None
     run = json.loads(path.read_text())
     return (
-        f"Training: `{run['command']}`: {run['steps']} steps of {run['batch_size']} (passage, document) pairs, "
+        f"Training ({path.parent.name}): `{run['command']}`: {run['steps']} steps of {run['batch_size']} (passage, document) pairs, "
         f"{run['wall_seconds'] / 60:.1f} min wall ({run['cpu_seconds'] / 60:.1f} min of CPU) on {run['machine']}; "
-        f"loss {run['losses'][0]:.3f} -> {run['losses'][-1]:.3f}."
+        f"loss, mean of the first and of the last quarter of the steps: {quarter(run['losses'][: len(run['losses']) // 4])} "
+        f"-> {quarter(run['losses'][-(len(run['losses']) // 4) :])}."
     )
 
 
@@ -89,10 +93,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default=str(ROOT / "results" / "embeddings"))
     args = parser.parse_args(argv)
     root = Path(args.results)
-    results = load(root / "trained", args.task)
-    for folder in reversed(BEFORE):  # the untrained models first, in this order
-        if (root / folder).is_dir():
-            results = merged(load(root / folder, args.task), results)
+    folders = [root / f.format(task=args.task) for f in UNTRAINED + TRAINED]
+    found = [f for f in folders if (f / "retrieval.json").is_file() and load(f)["task"] == args.task]
+    if not any(folder.name.startswith("trained") for folder in found):
+        raise SystemExit(f"readme_embeddings: no trained results in {root}; run the recipe and its evaluation first.")
+    results = load(found[0])
+    for folder in found[1:]:
+        results = merged(results, load(folder))
+    trained = [
+        name
+        for folder in found
+        if folder.name.startswith("trained-") or folder.name == "trained"
+        for name in load(folder)["models"]
+    ]
     names = list(results["models"])
     lines = table(results)
     lines += [
@@ -101,10 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         f"per length (chance {1 / results['documents']:.2f}), seed {results['seed']}.",
         "",
     ]
-    stock = next((n for n in names if n.startswith("stock")), names[0])
-    lines += verdict(results, stock, names[-1])
-    extra = training_line(root / "trained" / "training.json")
-    print("\n".join(lines + ([extra] if extra else [])))
+    stock = next((n for n in names if n.startswith(STOCK)), names[0])
+    for name in trained:
+        lines += verdict(results, stock, name)
+    for folder in TRAINED:
+        lines.append(training_line(root / folder / "training.json"))
+    print("\n".join(line for line in lines if line is not None))
     return 0
 
 
