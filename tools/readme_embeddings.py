@@ -22,7 +22,7 @@ TARGET = 0.8  # issue 23: passkey accuracy at 4x the original length after train
 # Untrained models first: the stock model and the extensions (the retrieval evaluation's run, one folder per task),
 # then the stride placement; then the recipe's runs (copy init as the recipe says, and stride init with --set).
 UNTRAINED = ("untrained/{task}", "trained/stride-untrained")
-TRAINED = ("trained", "trained-stride")
+TRAINED = ("trained", "trained-stride")  # then any other trained-* run, by name
 STOCK = "minilm-512"  # the stock weights reading 512 tokens (the shipped folder says 256: minilm)
 
 
@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default=str(ROOT / "results" / "embeddings"))
     args = parser.parse_args(argv)
     root = Path(args.results)
-    folders = [root / f.format(task=args.task) for f in UNTRAINED + TRAINED]
+    runs = TRAINED + tuple(sorted(p.name for p in root.glob("trained-*") if p.name not in TRAINED))
+    folders = [root / f.format(task=args.task) for f in UNTRAINED + runs]
     found = [f for f in folders if (f / "retrieval.json").is_file() and load(f)["task"] == args.task]
     if not any(folder.name.startswith("trained") for folder in found):
         raise SystemExit(f"readme_embeddings: no trained results in {root}; run the recipe and its evaluation first.")
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     stock = next((n for n in names if n.startswith(STOCK)), names[0])
     for name in trained:
         lines += verdict(results, stock, name)
-    for folder in TRAINED:
+    for folder in runs:
         lines.append(training_line(root / folder / "training.json"))
     print("\n".join(line for line in lines if line is not None))
     return 0
