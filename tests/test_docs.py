@@ -125,3 +125,18 @@ def test_the_site_hooks_fill_options_from_the_config_help():
     assert "usage: posswap patch" in hooks.cli_help("patch")
     with pytest.raises(ValueError, match="no config dataclass"):
         hooks.options_table("patch")
+
+
+def test_embedding_tables_in_readme_and_docs_match_their_json():
+    """The long-embedding tables (README, docs/embeddings.md) are the ones tools/readme_embeddings.py writes from
+    results/embeddings and results/speed: a number typed by hand, or a JSON changed without --write, fails."""
+    import importlib.util
+
+    path = ROOT / "tools" / "readme_embeddings.py"
+    spec = importlib.util.spec_from_file_location("readme_embeddings", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    files = [str(ROOT / "README.md"), str(ROOT / "docs" / "embeddings.md")]
+    for name in ("passkey", "speed"):
+        assert f"<!-- posswap:embeddings-{name} -->" in (ROOT / "docs" / "embeddings.md").read_text()
+    assert tool.main(["--check", *files]) == 0

@@ -1,6 +1,11 @@
 """Print the README's long-embedding table from the results JSON (nothing typed by hand):
 
     python tools/readme_embeddings.py [--task passkey] [--results results/embeddings]
+    python tools/readme_embeddings.py --write README.md docs/embeddings.md   # rewrite their generated blocks
+    python tools/readme_embeddings.py --check README.md docs/embeddings.md   # exit 1 when a block differs
+
+A generated block sits between ``<!-- posswap:embeddings-NAME -->`` and ``<!-- /posswap:embeddings-NAME -->``
+(NAME: ``passkey``, ``needle``, ``speed``); ``--write`` replaces what is between them and nothing else.
 
 Reads ``<results>/untrained/retrieval.json`` (stock MiniLM and each extension untrained),
 ``<results>/trained/stride-untrained/retrieval.json`` (the stride placement, untrained) and
@@ -56,7 +61,7 @@ def verdict(results: dict, stock: str, trained: str) -> list[str]:
     last = len(lengths) - 1
     reached = "reached" if after["accuracy"][last] >= TARGET else "not reached"
     lines = [
-        f"At {lengths[last]} tokens, {trained}: {after['accuracy'][last]:.2f} ± {after['stderr'][last]:.2f} "
+        f"- At {lengths[last]} tokens, {trained}: {after['accuracy'][last]:.2f} ± {after['stderr'][last]:.2f} "
         f"(target {TARGET}: {reached}); {stock}: {base['accuracy'][last]:.2f} ± {base['stderr'][last]:.2f}."
     ]
     for i, length in enumerate(lengths):
@@ -65,7 +70,7 @@ def verdict(results: dict, stock: str, trained: str) -> list[str]:
         change = after["accuracy"][i] - base["accuracy"][i]
         cost = "no fall" if change >= 0 else "a fall within" if change >= -base["stderr"][i] else "a fall beyond"
         lines.append(
-            f"At {length} tokens, {trained}: {change:+.2f} against {stock} ({cost}; {stock}'s standard error "
+            f"- At {length} tokens, {trained}: {change:+.2f} against {stock} ({cost}; {stock}'s standard error "
             f"{base['stderr'][i]:.2f})."
         )
     return lines
@@ -80,48 +85,130 @@ def training_line(path: Path) -> str | None:
         return None
     run = json.loads(path.read_text())
     return (
-        f"Training ({path.parent.name}): `{run['command']}`: {run['steps']} steps of {run['batch_size']} (passage, document) pairs, "
+        f"- Training ({path.parent.name}): `{run['command']}`: {run['steps']} steps of {run['batch_size']} (passage, document) pairs, "
         f"{run['wall_seconds'] / 60:.1f} min wall ({run['cpu_seconds'] / 60:.1f} min of CPU) on {run['machine']}; "
         f"loss, mean of the first and of the last quarter of the steps: {quarter(run['losses'][: len(run['losses']) // 4])} "
         f"-> {quarter(run['losses'][-(len(run['losses']) // 4) :])}."
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", default="passkey", choices=("passkey", "needle"))
-    parser.add_argument("--results", default=str(ROOT / "results" / "embeddings"))
-    args = parser.parse_args(argv)
-    root = Path(args.results)
+def merged_results(root: Path, task: str) -> tuple[dict, list[Path], tuple[str, ...]]:
+    """Every model scored on ``task`` in one mapping (untrained first, then the recipe's runs), the folders read
+    and the recipe's run folders."""
     runs = TRAINED + tuple(sorted(p.name for p in root.glob("trained-*") if p.name not in TRAINED))
-    folders = [root / f.format(task=args.task) for f in UNTRAINED + runs]
-    found = [f for f in folders if (f / "retrieval.json").is_file() and load(f)["task"] == args.task]
-    if not any(folder.name.startswith("trained") for folder in found):
-        raise SystemExit(f"readme_embeddings: no trained results in {root}; run the recipe and its evaluation first.")
+    folders = [root / f.format(task=task) for f in UNTRAINED + runs]
+    found = [f for f in folders if (f / "retrieval.json").is_file() and load(f)["task"] == task]
+    if not found:
+        raise SystemExit(f"readme_embeddings: no {task} results in {root}; run the evaluation first.")
     results = load(found[0])
     for folder in found[1:]:
         results = merged(results, load(folder))
-    trained = [
-        name
-        for folder in found
-        if folder.name.startswith("trained-") or folder.name == "trained"
-        for name in load(folder)["models"]
-    ]
+    return results, found, runs
+
+
+def plot_all(root: Path, task: str) -> Path:
+    """``<root>/<task>.png``: accuracy against length for every model in the table (the evaluation's own plot)."""
+    from posswap.evaluation.retrieval import RetrievalResults, plot_retrieval
+
+    results, _, _ = merged_results(root, task)
+    return plot_retrieval(RetrievalResults.from_dict(results), root / f"{task}.png")
+
+
+def retrieval_block(root: Path, task: str) -> list[str]:
+    """The table of every model scored on ``task`` (untrained, then the recipe's runs), then the verdicts."""
+    results, found, runs = merged_results(root, task)
+    trained = [name for folder in found if folder.name.startswith("trained") for name in load(folder)["models"]]
     names = list(results["models"])
     lines = table(results)
     lines += [
         "",
         f"{results['task']} retrieval, accuracy at 1 ± standard error, {results['documents']} documents "
         f"per length (chance {1 / results['documents']:.2f}), seed {results['seed']}.",
-        "",
     ]
+    if not trained:
+        return lines
+    lines.append("")
     stock = next((n for n in names if n.startswith(STOCK)), names[0])
     for name in trained:
         lines += verdict(results, stock, name)
-    for folder in runs:
-        lines.append(training_line(root / folder / "training.json"))
-    print("\n".join(line for line in lines if line is not None))
-    return 0
+    lines += [line for folder in runs if (line := training_line(root / folder / "training.json"))]
+    return lines
+
+
+def speed_block(root: Path) -> list[str]:
+    """Forward time and peak memory against stock at each length (bench_methods' JSON), then the embedding
+    throughput of the patched MiniLM against the stock model reading 512-token pieces (bench_embeddings')."""
+    lines = [
+        "| run | length | variant | time vs stock | same-round time vs stock | memory vs stock |",
+        "|---|---|---|---|---|---|",
+    ]
+    for path in sorted(root.glob("*.json")):
+        run = json.loads(path.read_text())
+        for row in run.get("rows", []):
+            if row["variant"] != "stock":
+                lines.append(
+                    f"| `{path.stem}` | {row['length']} | {row['variant']} | {row['time_vs_stock']:.2f} | "
+                    f"{row['time_vs_stock_paired']:.2f} | {row['memory_vs_stock']:.2f} |"
+                )
+    lines += ["", "| run | model | tokens/s | time vs stock pieces | memory vs stock pieces |", "|---|---|---|---|---|"]
+    for path in sorted(root.glob("embeddings-*.json")):
+        for name, row in json.loads(path.read_text())["results"].items():
+            lines.append(
+                f"| `{path.stem}` | {name} | {row['tokens_per_s']:,.0f} | {row['time_vs_stock']:.2f} | "
+                f"{row['memory_vs_stock']:.2f} |"
+            )
+    commands = [json.loads(p.read_text())["command"] for p in sorted(root.glob("*.json"))]
+    return [*lines, "", "Each run's command (`results/speed/`): " + "; ".join(f"`{c}`" for c in commands) + "."]
+
+
+def blocks(results: Path, speed: Path) -> dict[str, list[str]]:
+    return {
+        "passkey": retrieval_block(results, "passkey"),
+        "needle": retrieval_block(results, "needle"),
+        "speed": speed_block(speed),
+    }
+
+
+def rewritten(text: str, generated: dict[str, list[str]], path: str) -> str:
+    """``text`` with every generated block it holds replaced; a start marker without its end is an error."""
+    for name, lines in generated.items():
+        start, end = f"<!-- posswap:embeddings-{name} -->", f"<!-- /posswap:embeddings-{name} -->"
+        if start not in text:
+            continue
+        if end not in text:
+            raise SystemExit(f"readme_embeddings: {path} has {start} but no {end}.")
+        head, rest = text.split(start, 1)
+        text = head + start + "\n" + "\n".join(lines) + "\n" + end + rest.split(end, 1)[1]
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", default="passkey", choices=("passkey", "needle"))
+    parser.add_argument("--results", default=str(ROOT / "results" / "embeddings"))
+    parser.add_argument(
+        "--speed", default=str(ROOT / "results" / "speed"), help="bench_methods / bench_embeddings JSON"
+    )
+    parser.add_argument("--write", nargs="+", default=[], metavar="FILE", help="rewrite the generated blocks of FILE")
+    parser.add_argument("--check", nargs="+", default=[], metavar="FILE", help="exit 1 when a block of FILE differs")
+    args = parser.parse_args(argv)
+    if not args.write and not args.check:
+        print("\n".join(retrieval_block(Path(args.results), args.task)))
+        return 0
+    generated = blocks(Path(args.results), Path(args.speed))
+    stale = []
+    for path in args.write + args.check:
+        text = Path(path).read_text()
+        new = rewritten(text, generated, path)
+        if path in args.write:
+            Path(path).write_text(new)
+            for task in ("passkey", "needle"):
+                plot_all(Path(args.results), task)
+        elif new != text:
+            stale.append(path)
+    if stale:
+        print(f"readme_embeddings: stale generated blocks in {', '.join(stale)}; run --write.", file=sys.stderr)
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":
