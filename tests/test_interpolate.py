@@ -13,7 +13,7 @@ from conftest import MODEL_IDS, MODELS, OLD_LENGTH, make_model, outputs, reload_
 import posswap
 
 NEW_LENGTH = 4 * OLD_LENGTH
-MODES = ["copy", "linear", "cubic"]
+MODES = ["copy", "linear", "cubic", "stride"]
 
 
 @pytest.mark.parametrize("mode", MODES)
