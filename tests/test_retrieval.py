@@ -166,3 +166,13 @@ def test_cli_on_the_shipped_minilm_writes_retrieval_json(tmp_path, capsys):
     assert data["settings"]["tokenizer"] == "the tokenizer of minilm"  # no path of this machine in the results
     assert len(data["models"]["minilm"]["accuracy"]) == 2 and (out / "retrieval.png").is_file()
     assert "| tokens | minilm |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag,named", [("--documents", "documents"), ("--batch-size", "batch_size")])
+def test_cli_zero_is_refused_not_replaced_by_the_default(tmp_path, capsys, flag, named):
+    out = tmp_path / "report"
+    argv = ["eval", "posswap:minilm", "--task", "passkey-retrieval", "--lengths", "128", flag, "0", "--out", str(out)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert named in err and len(err.splitlines()) == 1, err
+    assert not out.exists()

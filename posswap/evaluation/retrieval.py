@@ -274,12 +274,11 @@ def run_retrieval_command(args) -> None:
     from .stream import resolve_device
 
     task = CLI_TASKS[args.task]
-    lengths = _cli_lengths(args.lengths) if args.lengths else list(DEFAULT_LENGTHS)
-    documents = getattr(args, "documents", None) or DEFAULT_DOCUMENTS
-    batch_size = getattr(args, "batch_size", None) or 8
+    lengths = args.lengths or list(DEFAULT_LENGTHS)  # ints: the parser's list flag checked them
+    documents, batch_size = args.documents, args.batch_size  # as given: a 0 is refused below, never replaced
     check_retrieval_inputs(task, lengths, documents, batch_size, None)  # before any model loads
     check_output_dir(args.out)
-    device = resolve_device(getattr(args, "device", None))
+    device = resolve_device(args.device)
     models = {name: load_embedding_model(source, device) for name, source in _short_names(args.models).items()}
     results = evaluate_retrieval(
         models, task, lengths, documents, seed=args.seed, batch_size=batch_size, tokenizer=args.tokenizer
@@ -302,16 +301,6 @@ def load_embedding_model(name_or_path: str, device: str | None = None):
         )
     model = from_pretrained(name_or_path, **({"device": device} if device else {}))
     return model.eval()
-
-
-def _cli_lengths(lengths) -> list[int]:
-    """``--lengths`` as parsed: a list (space-separated values) or, from an older parser, one comma-separated string."""
-    if isinstance(lengths, str):
-        lengths = lengths.replace(",", " ").split()
-    try:
-        return [int(n) for n in lengths]
-    except ValueError:
-        raise ValueError(f"--lengths must be token counts such as 256 512 1024; got {lengths!r}.") from None
 
 
 def _short_names(models: list[str]) -> dict[str, str]:
