@@ -16,7 +16,6 @@ from .methods.t5_bias import T5BiasConfig
 from .methods.tupe import TupeConfig
 from .patching import patch, patched_config
 from .portable.posswap_architectures import ARCHITECTURES
-from .training import load_recipe, train
 from .version import __version__
 
 __all__ = [
@@ -47,7 +46,16 @@ __all__ = [
 _RENAMED = {"NoPEConfig": "NopeConfig", "functional": "portable.posswap_functional"}
 
 
+# Public, but imported on first use: the training code brings datasets and accelerate, which patching and loading
+# never need (``from posswap import train`` works as for any other name).
+_LAZY = {"train": "training", "load_recipe": "training"}
+
+
 def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     if name in _RENAMED:
         raise AttributeError(f"posswap.{name} was renamed posswap.{_RENAMED[name]}; use posswap.{_RENAMED[name]}.")
     raise AttributeError(f"module 'posswap' has no attribute {name!r}")

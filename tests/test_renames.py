@@ -123,3 +123,16 @@ def test_migration_renames_only_what_an_older_posswap_wrote():
     raw = {"model": "m", "posswap": {"method": "rope", "max_length": 8, "rope_type": "yarn"}}
     assert same_recipe({"model": "m", "posswap": {"method": "rope", "max_length": 8, "scaling": "yarn"}}, raw)
     assert not same_recipe({"model": "m", "posswap": {"method": "rope", "max_length": 16, "scaling": "yarn"}}, raw)
+
+
+def test_train_and_load_recipe_are_public_without_loading_the_training_code_at_import():
+    """``import posswap`` (patching, loading) does not bring in datasets; ``posswap.train`` loads it on first use."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, posswap; assert 'datasets' not in sys.modules; "
+        "from posswap import train, load_recipe; from posswap.training import train as t; assert train is t; "
+        "assert 'datasets' in sys.modules and callable(load_recipe)"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True)
