@@ -118,9 +118,8 @@ def bias_positions(
         new = implicit if new is None else new
         cached = _cached_positions(state, past, new.shape[0], device)
         if cached is None:
-            if not torch.equal(
-                new, implicit.expand_as(new)
-            ):  # CheckCachedPositions refuses this before the cache grows
+            # CheckCachedPositions refuses this before the cache grows
+            if not torch.equal(new, implicit.expand_as(new)):
                 raise _unknown_jump(past, new, first_id)
             keys = torch.arange(first_id, k_len + first_id, device=device)[None]
         else:
@@ -135,12 +134,8 @@ def bias_positions(
 def _cached_positions(state, past: int, batch: int, device) -> torch.Tensor | None:
     """Recorded positions of the first ``past`` keys of the call's cache (a cropped cache keeps a prefix), or None."""
     stored = getattr(getattr(state, "cache", None), KEY_POSITIONS, None)
-    if (
-        not isinstance(stored, torch.Tensor)
-        or stored.shape[-1] < past
-        or stored.shape[0] not in (1, batch)
-        and batch != 1
-    ):
+    batch_fits = stored.shape[0] in (1, batch) or batch == 1 if isinstance(stored, torch.Tensor) else False
+    if not isinstance(stored, torch.Tensor) or stored.shape[-1] < past or not batch_fits:
         return None
     return stored[..., :past].to(device)
 
