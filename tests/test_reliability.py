@@ -19,6 +19,7 @@ the second starts and must be refused.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -35,6 +36,7 @@ import torch
 import transformers
 from conftest import WITHOUT_POSSWAP, sharpen_qk
 from test_common import FACTORIES
+from transformers import GPT2Model
 
 import posswap
 from posswap.cli import main
@@ -398,8 +400,13 @@ def test_copies_save_themselves(tmp_path):
 # -- item 5: KV cache with position ids that jump ----------------------------------------------------------------
 
 
+# transformers 5.24 renamed the cache argument to ``cache`` and still takes ``past_key_values``: the hooks read both.
+CACHE_NAMES = ["past_key_values"] + (["cache"] if "cache" in inspect.signature(GPT2Model.forward).parameters else [])
+
+
+@pytest.mark.parametrize("cache_name", CACHE_NAMES)
 @pytest.mark.parametrize("method", FACTORIES)
-def test_cached_keys_keep_their_positions_when_the_ids_jump(method):
+def test_cached_keys_keep_their_positions_when_the_ids_jump(method, cache_name):
     """10 tokens cached, then 5 at positions 100..104: the logits of one full pass with the same position ids (ALiBi,
     T5 bias and TUPE numbered the cached keys back from 100 and differed by 0.25 / 0.21 / 2.9e-3)."""
     model = patched(method)
@@ -408,8 +415,8 @@ def test_cached_keys_keep_their_positions_when_the_ids_jump(method):
     full = logits(model, tokens, position_ids=positions)
     with torch.no_grad():
         prefix = model(input_ids=tokens[:, :10], use_cache=True)
-        step = model(input_ids=tokens[:, 10:], position_ids=positions[:, 10:], past_key_values=prefix.past_key_values)
-        last = model(input_ids=tokens[:, :1], position_ids=torch.tensor([[110]]), past_key_values=step.past_key_values)
+        step = model(input_ids=tokens[:, 10:], position_ids=positions[:, 10:], **{cache_name: prefix.past_key_values})
+        last = model(input_ids=tokens[:, :1], position_ids=torch.tensor([[110]]), **{cache_name: step.past_key_values})
     torch.testing.assert_close(prefix.logits, full[:, :10], atol=1e-5, rtol=0)
     torch.testing.assert_close(step.logits, full[:, 10:], atol=1e-5, rtol=0)
     longer = torch.cat([tokens, tokens[:, :1]], dim=1)

@@ -40,7 +40,7 @@ from .posswap_blocked import (
     shift_invariant,
     wanted,
 )
-from .posswap_hooks import find_hooks
+from .posswap_hooks import CACHE_KWARGS, find_hooks
 from .posswap_state import STATE_KWARG, install_call_state, shared
 
 # backend -> registered name. No name contains "flex_attention": transformers refuses that for GPT-2.
@@ -179,7 +179,7 @@ class KeepKeyPositions:
         state = kwargs.get(STATE_KWARG)
         if state is None or state.key_positions is None:
             return None
-        cache = getattr(output, "past_key_values", None)
+        cache = next((c for c in (getattr(output, n, None) for n in CACHE_KWARGS) if c is not None), None)
         if cache is None and isinstance(output, tuple):  # return_dict=False
             cache = next((item for item in output if isinstance(item, Cache)), None)
         if cache is not None:

@@ -9,6 +9,8 @@ import inspect
 import torch
 from torch import nn
 
+from .posswap_hooks import passed_cache
+
 
 class LengthGuard:
     """Forward pre-hook: checks the positions an input needs against ``config.max_position_embeddings``."""
@@ -32,7 +34,7 @@ class LengthGuard:
             return
         if tokens is None:
             return  # the model itself reports the missing input
-        cache = bound.get("past_key_values")
+        cache = passed_cache({**bound.get("kwargs", {}), **bound})  # by name, or in **kwargs
         length = tokens.shape[1] + (cache.get_seq_length() if cache is not None else 0)
         if length + self.offset > rows:
             self._fail(module, length)

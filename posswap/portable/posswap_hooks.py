@@ -10,6 +10,16 @@ _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
 _SIDE_TABLES = ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
 
 
+# The KV cache's keyword: transformers 5.24 renamed ``past_key_values`` to ``cache``, and still takes the old name,
+# renaming it inside ``forward``: after the hooks ran, so a hook may see either.
+CACHE_KWARGS = ("cache", "past_key_values")
+
+
+def passed_cache(kwargs: dict):
+    """The KV cache a call was given by keyword, under either name; None without one."""
+    return next((kwargs[name] for name in CACHE_KWARGS if kwargs.get(name) is not None), None)
+
+
 def find_hooks(module: nn.Module, kind: type) -> list:
     return [h for name in _HOOK_DICTS for h in getattr(module, name).values() if isinstance(h, kind)]
 

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from .posswap_functional import apply_rotary, rope_frequencies, rotary_cos_sin
-from .posswap_hooks import find_hooks, remove_hooks
+from .posswap_hooks import find_hooks, passed_cache, remove_hooks
 from .posswap_state import install_call_state, shared
 
 # projection module -> (cos, sin) of the attention call running in this thread; set by PrepareRotation, read by
@@ -131,7 +131,7 @@ class PrepareRotation:
         positions = kwargs.get("position_ids")
         if positions is None:  # BERT passes none unless the user did: count from what this layer's cache holds
             hidden = args[0] if args else kwargs["hidden_states"]
-            cache = kwargs.get("past_key_values")
+            cache = passed_cache(kwargs)
             past = cache.get_seq_length(getattr(attention, "layer_idx", None) or 0) if cache is not None else 0
             key = (past, hidden.shape[1], hidden.device)
             cos_sin = shared(

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .posswap_hooks import find_hooks
+from .posswap_hooks import find_hooks, passed_cache
 
 # The keyword argument that carries the state from the base model down to the attention functions.
 STATE_KWARG = "posswap_call"
@@ -80,7 +80,7 @@ class StartCall:
         share = not (base.training and torch.is_grad_enabled() and _checkpointing(base))
         # The heads pass the cache by keyword; one passed by position is not seen (its keys' positions then count
         # as unknown: see posswap_attention.bias_positions).
-        return args, {**kwargs, STATE_KWARG: CallState(share, kwargs.get("past_key_values"))}
+        return args, {**kwargs, STATE_KWARG: CallState(share, passed_cache(kwargs))}
 
 
 def install_call_state(base: nn.Module) -> None:
