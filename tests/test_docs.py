@@ -125,6 +125,12 @@ def test_the_site_hooks_fill_options_from_the_config_help():
     assert "usage: posswap patch" in hooks.cli_help("patch")
     with pytest.raises(ValueError, match="no config dataclass"):
         hooks.options_table("patch")
+    # mkdocstrings prints a docstring's Sphinx role as text before the code: the page shows only the code
+    html = "see :func:<code>posswap.patch</code> and :class:<code>X</code>; a:b:<code>c</code> stays"
+    assert (
+        hooks.on_page_content(html, *[None] * 3)
+        == "see <code>posswap.patch</code> and <code>X</code>; a:b:<code>c</code> stays"
+    )
 
 
 def test_embedding_tables_in_readme_and_docs_match_their_json():

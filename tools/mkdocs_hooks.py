@@ -6,6 +6,8 @@ it cannot go stale.
 - ``<!-- posswap:cli patch -->`` becomes ``posswap patch --help`` (``<!-- posswap:cli -->``: ``posswap --help``).
 - ``<!-- posswap:include CONTRIBUTING.md -->`` becomes that file of the repository root, its links into ``docs/``
   made relative to the site, so the file GitHub shows and the site's page are one text.
+- Sphinx roles in docstrings (``:func:`posswap.patch```) show as plain code: mkdocstrings renders the role's
+  name as text.
 - The pictures under ``results/`` are added to the site as ``results/...``, so the study pages link to them where
   they are (``../results/copying/probe.png`` from ``docs/study/``) instead of a second copy in ``docs/``.
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[1]
+SPHINX_ROLE = re.compile(r":(?:func|class|meth|attr|mod|data|exc|obj):(?=<code>)")
 MARKER = re.compile(r"^<!-- posswap:(options|cli|include)(?: ([\w.-]+))? -->$", re.MULTILINE)  # alone on a line
 
 
@@ -77,6 +80,10 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         return {"options": options_table, "cli": cli_help, "include": include}[kind](name)
 
     return MARKER.sub(fill, markdown)
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    return SPHINX_ROLE.sub("", html)
 
 
 def on_files(files, config):
