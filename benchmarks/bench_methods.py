@@ -314,8 +314,9 @@ def write_json(path: Path, rows: list[dict], args) -> None:
         "machine": platform.processor() or platform.machine(),
         "repeats": args.repeats,
         "note": "time and memory are medians over rounds in one process per (length, pass), variants interleaved; "
-        "ratios are to stock from the same process. The machine was shared with other jobs: absolute figures "
-        "are noisy, the ratios less so.",
+        "ratios are to stock from the same process. On a shared machine (see load_average) absolute figures are "
+        "noisy, the ratios less so.",
+        "load_average": {"start": args.load_at_start, "end": round(os.getloadavg()[0], 2)},  # 1-minute, this machine
         "rows": rows,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -338,6 +339,7 @@ def main() -> None:
     parser.add_argument("--recompute", type=Path, default=None, help="Recompute the ratios of a JSON written by --out.")
     parser.add_argument("--_one", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.load_at_start = round(os.getloadavg()[0], 2)  # recorded with the figures: how shared the machine was
     if args.recompute:
         recompute(args.recompute)
         return
