@@ -129,10 +129,14 @@ def recipe(tiny_st: Path, text_file: Path, out: Path) -> dict:
     }
 
 
-def test_embedding_recipe_runs_end_to_end(tiny_st, text_file, tmp_path):
+def test_embedding_recipe_runs_end_to_end(tiny_st, text_file, tmp_path, capsys):
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe(tiny_st, text_file, tmp_path / "run")))
     assert main(["train", str(path)]) == 0
+    shown = capsys.readouterr()
+    # One bar with the loss on it; not the trainer's printed dict per step and of run totals.
+    assert "train: 100%" in shown.err and "loss=" in shown.err
+    assert "{'loss'" not in shown.out + shown.err and "train_runtime" not in shown.out + shown.err
     folder = tmp_path / "run" / "model"
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert [line["step"] for line in log] == [1, 2, 3]

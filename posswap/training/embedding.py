@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import yaml
 from torch import nn
-from transformers import TrainerCallback, get_cosine_schedule_with_warmup
+from transformers import ProgressCallback, TrainerCallback, get_cosine_schedule_with_warmup
 
 from ..files import check_folder_target, check_writable, write_folder
 from ..loading import resolve_model_id
@@ -66,6 +66,8 @@ def train_embedding(recipe: Recipe, raw, resume: bool, callbacks, overwrite: boo
         optimizers=optimizer_and_schedule(model, position_names, t),
         callbacks=[JsonLog(run_dir / "log.jsonl", model, callbacks)],
     )
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(LossBar())
     trainer.train()
     model.eval()
     write_folder(final_dir, lambda folder: save(model, folder), overwrite=overwrite, source=local, flag=FLAG)
@@ -156,3 +158,17 @@ class JsonLog(TrainerCallback):
             f.write(json.dumps(line) + "\n")
         for callback in self.callbacks:
             callback(state.global_step, logs["loss"], self.model)
+
+
+class LossBar(ProgressCallback):
+    """The trainer's progress bar with the loss on it, as the MLM/CLM loop shows it, instead of a printed dict per
+    logged step (and one of run totals at the end)."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
+        if self.training_bar is not None:
+            self.training_bar.set_description("train")
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.training_bar is not None and logs and "loss" in logs:
+            self.training_bar.set_postfix(loss=f"{float(logs['loss']):.3f}")
