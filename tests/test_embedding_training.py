@@ -98,6 +98,20 @@ def test_pairs_come_from_one_document(text_file, minilm_path):
     assert other["positive"] != pairs["positive"]
 
 
+def test_a_hard_negative_differs_from_its_document_only_in_the_passage(text_file, minilm_path):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_path)
+    pairs = document_pairs(str(text_file), tokenizer, [64, 128], 12, 8, seed=3, hard_negatives=True)
+    plain = document_pairs(str(text_file), tokenizer, [64, 128], 12, 8, seed=3)
+    assert pairs[0]["positive"] == plain[0]["positive"] and pairs[0]["anchor"] == plain[0]["anchor"]
+    for row in pairs:
+        document, negative, anchor = row["positive"].split(" "), row["negative"].split(" "), row["anchor"]
+        assert len(negative) == len(document) and anchor not in row["negative"]
+        # The words that differ all lie within the anchor's 8-word place in the document.
+        changed = [i for i, (a, b) in enumerate(zip(document, negative)) if a != b]
+        first = next(i for i in range(len(document)) if " ".join(document[i : i + 8]) == anchor)
+        assert changed and first <= changed[0] and changed[-1] < first + 8
+
+
 @pytest.fixture(scope="module")
 def tiny_st(tmp_path_factory, minilm_path) -> Path:
     """A sentence-transformers folder: a tiny random BERT (64 positions) with MiniLM's tokenizer, mean pooling."""
@@ -129,9 +143,12 @@ def recipe(tiny_st: Path, text_file: Path, out: Path) -> dict:
     }
 
 
-def test_embedding_recipe_runs_end_to_end(tiny_st, text_file, tmp_path, capsys):
+@pytest.mark.parametrize("hard_negatives", [False, True])
+def test_embedding_recipe_runs_end_to_end(tiny_st, text_file, tmp_path, capsys, hard_negatives):
     path = tmp_path / "recipe.yaml"
-    path.write_text(yaml.safe_dump(recipe(tiny_st, text_file, tmp_path / "run")))
+    spec = recipe(tiny_st, text_file, tmp_path / "run")
+    spec["embedding"]["hard_negatives"] = hard_negatives  # (anchor, document, negative) triplets through MNRL
+    path.write_text(yaml.safe_dump(spec))
     assert main(["train", str(path)]) == 0
     shown = capsys.readouterr()
     # One bar with the loss on it; not the trainer's printed dict per step and of run totals.
@@ -159,6 +176,7 @@ def test_embedding_recipe_runs_end_to_end(tiny_st, text_file, tmp_path, capsys):
     [
         (lambda r: r["embedding"].update(pairz=3), r"Unknown key\(s\) in embedding: pairz"),
         (lambda r: r["embedding"].update(loss="triplet"), "embedding.loss must be one of"),
+        (lambda r: r["embedding"].update(hard_negatives="yes"), "embedding.hard_negatives must be true or false"),
         (lambda r: r["embedding"].update(document_lengths=[512]), "longer than posswap.max_length"),
         (lambda r: r["train"].update(curriculum=[64, 128]), "train.curriculum is not used by an embedding recipe"),
         (lambda r: r["train"].update(trainable="lora"), "train.trainable .embedding recipe. must be one of"),

@@ -53,7 +53,14 @@ def train_embedding(recipe: Recipe, raw, resume: bool, callbacks, overwrite: boo
     position_names = {f"{transformer_prefix(model, transformer)}{n}" for n in position_parameter_names(transformer)}
     select_trainable(transformer, t.trainable, t.train_norms)
     pairs = document_pairs(
-        recipe.data.train, model.tokenizer, e.document_lengths, e.pairs, e.anchor_words, t.seed, recipe.data.text_column
+        recipe.data.train,
+        model.tokenizer,
+        e.document_lengths,
+        e.pairs,
+        e.anchor_words,
+        t.seed,
+        recipe.data.text_column,
+        e.hard_negatives,
     )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "recipe.yaml").write_text(yaml.safe_dump(raw or {}, sort_keys=False))
@@ -61,7 +68,7 @@ def train_embedding(recipe: Recipe, raw, resume: bool, callbacks, overwrite: boo
     trainer = SentenceTransformerTrainer(
         model=model,
         args=training_arguments(recipe, run_dir),
-        train_dataset=pairs.select_columns(["anchor", "positive"]),
+        train_dataset=pairs.select_columns(["anchor", "positive"] + (["negative"] if e.hard_negatives else [])),
         loss=ranking_loss(model, e),
         optimizers=optimizer_and_schedule(model, position_names, t),
         callbacks=[JsonLog(run_dir / "log.jsonl", model, callbacks)],

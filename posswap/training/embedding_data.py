@@ -1,7 +1,9 @@
 """Self-supervised pairs for long embeddings: a document of a given token length cut from the training text, and a
 passage drawn uniformly from inside it. With in-batch negatives (MultipleNegativesRankingLoss) the model must find
 the one document, among the batch's, that holds the passage: wherever in the document the passage lies, so it
-must read the whole of it. Seeded; built with ``datasets``."""
+must read the whole of it. A hard negative (optional) is the same document with the passage's words replaced by
+as many words from elsewhere in the text: it differs from the document only there, as the documents of a passkey
+search differ only in their needle. Seeded; built with ``datasets``."""
 
 from __future__ import annotations
 
@@ -21,11 +23,15 @@ def document_pairs(
     anchor_words: int,
     seed: int,
     text_column: str = "text",
+    hard_negatives: bool = False,
 ) -> datasets.Dataset:
     """``pairs`` rows of ``anchor`` (``anchor_words`` consecutive words of the document), ``positive`` (the
     document) and, to check where each came from, ``source`` (row of ``spec``) and ``start`` (its first token).
     Pair i's document is ``lengths[i % len(lengths)]`` tokens long with [CLS] and [SEP], so it fits that length
-    whole. Sources are drawn in proportion to their tokens; positions uniformly."""
+    whole. Sources are drawn in proportion to their tokens; positions uniformly. ``hard_negatives``: a
+    ``negative`` column too, the document with the anchor's words replaced by ``anchor_words`` words drawn
+    elsewhere (a few tokens longer or shorter than the document, within the model's reading limit after
+    truncation)."""
     raw = load_text_dataset(spec, text_column=text_column, default_split="train")
     texts = [text for text in raw[text_column] if isinstance(text, str) and text.strip()]
     # Offsets map tokens back to characters: a document is an exact slice of its source text.
@@ -42,7 +48,7 @@ def document_pairs(
             "use more text or shorter embedding.document_lengths."
         )
     rng = np.random.default_rng(seed)
-    rows = {"anchor": [], "positive": [], "source": [], "start": []}
+    rows = {"anchor": [], "positive": [], "source": [], "start": []} | ({"negative": []} if hard_negatives else {})
     for index in range(pairs):
         tokens = lengths[index % len(lengths)] - special
         fits = np.where(sizes >= tokens, sizes - tokens + 1, 0)  # starting places in each source
@@ -53,7 +59,23 @@ def document_pairs(
         words = document.split(" ")
         first = int(rng.integers(0, max(len(words) - anchor_words, 0) + 1))
         rows["anchor"].append(" ".join(words[first : first + anchor_words]))
+        if hard_negatives:
+            swapped = replacement_words(texts, rng, anchor_words, rows["anchor"][-1])
+            rows["negative"].append(" ".join(words[:first] + swapped + words[first + anchor_words :]))
         rows["positive"].append(document)
         rows["source"].append(source)
         rows["start"].append(start)
     return datasets.Dataset.from_dict(rows)
+
+
+def replacement_words(texts: list[str], rng: np.random.Generator, count: int, anchor: str) -> list[str]:
+    """``count`` consecutive words from a random place in ``texts`` (a source drawn by its length), not the
+    anchor's own words."""
+    sizes = np.array([len(text) for text in texts], dtype=float)
+    for _ in range(100):
+        words = texts[int(rng.choice(len(texts), p=sizes / sizes.sum()))].split()
+        first = int(rng.integers(0, max(len(words) - count, 0) + 1))
+        swapped = words[first : first + count]
+        if len(swapped) == count and " ".join(swapped) != anchor:
+            return swapped
+    raise ValueError(f"data.train has no run of {count} words to make a hard negative from; lower anchor_words.")

@@ -23,6 +23,13 @@ class EmbeddingSpec:
     )
     pairs: int = field(default=256, metadata={"help": "(passage, document) pairs in the training set."})
     anchor_words: int = field(default=24, metadata={"help": "Words in the passage drawn from each document."})
+    hard_negatives: bool = field(
+        default=False,
+        metadata={
+            "help": "Pair each document with a hard negative: the same document with its passage replaced by words "
+            "from elsewhere, so only that passage tells them apart (twice the documents per step)."
+        },
+    )
     loss: str = field(
         default="cached_mnrl",
         metadata={
@@ -51,6 +58,8 @@ class EmbeddingSpec:
                 raise ValueError(
                     f"embedding.document_lengths entry {length} is longer than posswap.max_length ({max_length})."
                 )
+        if not isinstance(self.hard_negatives, bool):
+            raise ValueError(f"embedding.hard_negatives must be true or false, got {shown(self.hard_negatives)}.")
         check_positive_int("embedding.pairs", self.pairs)
         check_positive_int("embedding.anchor_words", self.anchor_words)
         check_choice("embedding.loss", self.loss, LOSSES)
