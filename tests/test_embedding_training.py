@@ -227,3 +227,25 @@ def test_readme_table_comes_from_the_json(tmp_path, capsys):
     (tmp_path / "other" / "untrained" / "passkey" / "retrieval.json").write_text(copied)
     with pytest.raises(SystemExit, match="different documents"):
         tool.main(["--results", str(tmp_path / "other")])
+
+
+def test_readme_table_joins_a_recipes_seeds_in_one_column(tmp_path, capsys):
+    """trained-seed1/ (model <name>-seed1) joins trained/ (<name>): mean ± standard deviation over the seeds, and the
+    lowest seed's cost at short lengths."""
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "tools" / "readme_embeddings.py"
+    spec = importlib.util.spec_from_file_location("readme_embeddings", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    prints = {"256": "a", "2048": "b"}
+    results_file(tmp_path / "untrained" / "passkey", {"minilm-512": scored(512, [0.9, 0.2])}, prints)
+    results_file(tmp_path / "trained", {"run": scored(2048, [0.9, 0.7])}, prints)
+    results_file(tmp_path / "trained-seed1", {"run-seed1": scored(2048, [0.8, 0.5])}, prints)
+    results_file(tmp_path / "trained-seed2", {"run-seed2": scored(2048, [1.0, 0.6])}, prints)
+    assert tool.main(["--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    # mean 0.90 / 0.60; sample standard deviation sqrt(((0)^2 + 0.1^2 + 0.1^2) / 2) = 0.10 at both lengths
+    assert "| tokens | minilm-512 | run (3 seeds) |" in out
+    assert "| 256 | 0.90 ± 0.03 | 0.90 ± 0.10 |" in out and "| 2048 | 0.20 ± 0.04 | 0.60 ± 0.10 |" in out
+    assert "its lowest seed -0.10 (a fall beyond)" in out and "run-seed1" not in out

@@ -13,12 +13,18 @@ Reads ``<results>/untrained/retrieval.json`` (stock MiniLM and each extension un
 ``training.json``; the files must hold the same documents (same task, lengths, seed and fingerprints).
 Then: the target at the longest length, and what training cost at each length up to the stock model's limit
 (a fall larger than the stock model's standard error is named as such).
+
+A run trained again with other seeds (``trained-seed1/``: a model named ``<name>-seed1``) joins its first run
+(``<name>``, or ``<name>-seed0``) in one column, ``<name> (n seeds)``: the mean and the standard deviation over
+the seeds instead of one run's standard error.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -45,6 +51,33 @@ def merged(untrained: dict, trained: dict) -> dict:
     return {**untrained, "models": {**untrained["models"], **trained["models"]}}
 
 
+SEED = re.compile(r"^(?P<base>.+)-seed(?P<seed>\d+)$")
+
+
+def seed_groups(results: dict) -> dict:
+    """``results`` with each model trained with several seeds as one entry, ``<name> (n seeds)``: accuracy the
+    mean over the seeds, ``stderr`` their standard deviation (where the group's first model stood)."""
+    models = results["models"]
+    groups: dict[str, list[str]] = {}
+    for name in models:
+        match = SEED.match(name)
+        base = match["base"] if match and (match["base"] in models or int(match["seed"]) == 0) else name
+        groups.setdefault(base, []).append(name)
+    grouped = {}
+    for base, names in groups.items():
+        if len(names) == 1:
+            grouped[names[0]] = models[names[0]]
+            continue
+        runs = [models[n]["accuracy"] for n in names]
+        grouped[f"{base} ({len(names)} seeds)"] = {
+            **models[names[0]],
+            "accuracy": [statistics.mean(values) for values in zip(*runs)],
+            "stderr": [statistics.stdev(values) for values in zip(*runs)],
+            "lowest": [min(values) for values in zip(*runs)],  # the worst seed's, for the cost at short lengths
+        }
+    return {**results, "models": grouped}
+
+
 def table(results: dict) -> list[str]:
     names = list(results["models"])
     lines = ["| tokens | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
@@ -68,12 +101,19 @@ def verdict(results: dict, stock: str, trained: str) -> list[str]:
         if base["limit"] is not None and length > base["limit"]:
             continue
         change = after["accuracy"][i] - base["accuracy"][i]
-        cost = "no fall" if change >= 0 else "a fall within" if change >= -base["stderr"][i] else "a fall beyond"
-        lines.append(
-            f"- At {length} tokens, {trained}: {change:+.2f} against {stock} ({cost}; {stock}'s standard error "
-            f"{base['stderr'][i]:.2f})."
+        line = (
+            f"- At {length} tokens, {trained}: {change:+.2f} against {stock} ({fall(change, base['stderr'][i])}; "
+            f"{stock}'s standard error {base['stderr'][i]:.2f})"
         )
+        if "lowest" in after:
+            lowest = after["lowest"][i] - base["accuracy"][i]
+            line += f"; its lowest seed {lowest:+.2f} ({fall(lowest, base['stderr'][i])})"
+        lines.append(line + ".")
     return lines
+
+
+def fall(change: float, stderr: float) -> str:
+    return "no fall" if change >= 0 else "a fall within" if change >= -stderr else "a fall beyond"
 
 
 def quarter(losses: list[float]) -> str:
@@ -103,7 +143,7 @@ def merged_results(root: Path, task: str) -> tuple[dict, list[Path], tuple[str, 
     results = load(found[0])
     for folder in found[1:]:
         results = merged(results, load(folder))
-    return results, found, runs
+    return seed_groups(results), found, runs
 
 
 def plot_all(root: Path, task: str) -> Path:
@@ -111,19 +151,27 @@ def plot_all(root: Path, task: str) -> Path:
     from posswap.evaluation.retrieval import RetrievalResults, plot_retrieval
 
     results, _, _ = merged_results(root, task)
+    for model in results["models"].values():
+        model.pop("lowest", None)  # the table's, not a field of the evaluation's own results
     return plot_retrieval(RetrievalResults.from_dict(results), root / f"{task}.png")
 
 
 def retrieval_block(root: Path, task: str) -> list[str]:
     """The table of every model scored on ``task`` (untrained, then the recipe's runs), then the verdicts."""
     results, found, runs = merged_results(root, task)
-    trained = [name for folder in found if folder.name.startswith("trained") for name in load(folder)["models"]]
     names = list(results["models"])
+    untrained = {name for folder in found if not folder.name.startswith("trained") for name in load(folder)["models"]}
+    trained = [name for name in names if name not in untrained and "untrained" not in name]
     lines = table(results)
     lines += [
         "",
         f"{results['task']} retrieval, accuracy at 1 ± standard error, {results['documents']} documents "
-        f"per length (chance {1 / results['documents']:.2f}), seed {results['seed']}.",
+        f"per length (chance {1 / results['documents']:.2f}), seed {results['seed']}."
+        + (
+            " A column of n seeds: mean ± standard deviation over n trainings of the recipe with different seeds."
+            if any(name.endswith(" seeds)") for name in names)
+            else ""
+        ),
     ]
     if not trained:
         return lines

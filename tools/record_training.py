@@ -1,0 +1,55 @@
+"""Write the ``training.json`` of an embedding recipe's run (what ``tools/readme_embeddings.py`` reports beside its
+retrieval results) from the run folder and the ``/usr/bin/time -v`` log of the command:
+
+    /usr/bin/time -v posswap train recipes/minilm-embed-2k.yaml --set ... 2> train.log
+    python tools/record_training.py out/minilm-embed-2k-seed1 train.log results/embeddings/trained-seed1/training.json
+
+Reads ``log.jsonl`` (the loss of each step) and ``recipe.json`` (the resolved recipe) of the run folder; from the
+time log the command, wall and CPU seconds, and the share of the 2 cores the run got (under 200%: shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+
+def time_log(path: Path) -> dict:
+    """Command, wall and CPU seconds from GNU time's ``-v`` report."""
+    text = path.read_text()
+    command = re.search(r'Command being timed: "(.*)"', text)[1]
+    clock = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", text)[1]
+    wall = sum(float(part) * 60**i for i, part in enumerate(reversed(clock.split(":"))))
+    cpu = sum(float(re.search(rf"{kind} time \(seconds\): ([\d.]+)", text)[1]) for kind in ("User", "System"))
+    share = re.search(r"Percent of CPU this job got: (\d+)%", text)[1]
+    return {"command": command, "wall_seconds": round(wall, 1), "cpu_seconds": round(cpu, 1), "cpu_share": share}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("time_log", type=Path)
+    parser.add_argument("out", type=Path)
+    args = parser.parse_args(argv)
+    recipe = json.loads((args.run_dir / "recipe.json").read_text())
+    losses = [json.loads(line)["loss"] for line in (args.run_dir / "log.jsonl").read_text().splitlines()]
+    timed = time_log(args.time_log)
+    record = {
+        "command": timed["command"],
+        "steps": recipe["train"]["max_steps"],
+        "batch_size": recipe["train"]["batch_size"],
+        "document_lengths": recipe["embedding"]["document_lengths"],
+        "wall_seconds": timed["wall_seconds"],
+        "cpu_seconds": timed["cpu_seconds"],
+        "machine": f"2 CPU cores, of which the run got {timed['cpu_share']}%",
+        "losses": losses,
+        "recipe": recipe,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
