@@ -206,13 +206,20 @@ def scored(limit: int, accuracy: list[float]) -> dict:
     return {"limit": limit, "accuracy": accuracy, "stderr": stderr, "by_depth": [], "hits": []}
 
 
-def test_readme_table_comes_from_the_json(tmp_path, capsys):
+def readme_tool():
+    """tools/readme_embeddings.py, loaded as a module (tools/ is not a package)."""
     import importlib.util
 
-    path = Path(__file__).parents[1] / "tools" / "readme_embeddings.py"
-    spec = importlib.util.spec_from_file_location("readme_embeddings", path)
+    spec = importlib.util.spec_from_file_location(
+        "readme_embeddings", Path(__file__).parents[1] / "tools" / "readme_embeddings.py"
+    )
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
+    return tool
+
+
+def test_readme_table_comes_from_the_json(tmp_path, capsys):
+    tool = readme_tool()
     prints = {"256": "a", "2048": "b"}
     results_file(tmp_path / "untrained" / "passkey", {"minilm-512": scored(512, [0.9, 0.2])}, prints)
     results_file(tmp_path / "trained", {"trained": scored(2048, [0.85, 0.81])}, prints)
@@ -232,12 +239,7 @@ def test_readme_table_comes_from_the_json(tmp_path, capsys):
 def test_readme_table_joins_a_recipes_seeds_in_one_column(tmp_path, capsys):
     """trained-seed1/ (model <name>-seed1) joins trained/ (<name>): mean ± standard deviation over the seeds, and the
     lowest seed's cost at short lengths."""
-    import importlib.util
-
-    path = Path(__file__).parents[1] / "tools" / "readme_embeddings.py"
-    spec = importlib.util.spec_from_file_location("readme_embeddings", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = readme_tool()
     prints = {"256": "a", "2048": "b"}
     results_file(tmp_path / "untrained" / "passkey", {"minilm-512": scored(512, [0.9, 0.2])}, prints)
     results_file(tmp_path / "trained", {"run": scored(2048, [0.9, 0.7])}, prints)
