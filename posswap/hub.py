@@ -302,9 +302,8 @@ def hub_timeout(again: str):
     except ImportError:
         import httpx
     session = get_session()
-    with (
-        _TIMEOUT_LOCK
-    ):  # pushes from several threads share the session: the first sets the timeout, the last restores it
+    # Pushes from several threads share the session: the first sets the timeout, the last restores it.
+    with _TIMEOUT_LOCK:
         if not _TIMEOUT_USERS:
             _TIMEOUT_USERS.append(session.timeout)
         _TIMEOUT_USERS.append(None)

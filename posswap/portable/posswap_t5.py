@@ -38,9 +38,8 @@ class T5Buckets(BiasProvider):
     def per_distance(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> tuple[torch.Tensor, int]:
         """(heads, 2 * span - 1) fp32 biases, one column per key-minus-query distance from -(span - 1) on, and the
         column of distance 0. The bucket function runs on these few distances, not on every (q, k) pair."""
-        if (
-            q_pos.device.type == "meta"
-        ):  # no values to read: a span that holds any distance of these lengths (shapes only)
+        # meta: no values to read, so a span that holds any distance of these lengths (shapes only)
+        if q_pos.device.type == "meta":
             span = q_pos.shape[-1] + k_pos.shape[-1]
         else:
             span = int(max(q_pos.max(), k_pos.max()) - min(q_pos.min(), k_pos.min())) + 1

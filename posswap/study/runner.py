@@ -195,9 +195,8 @@ class Study:
                 return default
             print("posswap study: no reference GPT-2 yet; pretraining it first (about 60 min on 2 CPU cores).")
             return self._timed("gpt2/reference", pretrain_reference)
-        if (
-            spec.name == "minilm"
-        ):  # MiniLM ships without an MLM head: one (tied to the word embeddings) is trained at 512
+        # MiniLM ships without an MLM head: one (tied to the word embeddings) is trained at 512.
+        if spec.name == "minilm":
             head = spec.head_budget
             raw = self._recipe(
                 spec,
