@@ -7,11 +7,13 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
+import transformers.modeling_utils
 import yaml
 from conftest import TEXT
 from safetensors.torch import load_file
@@ -61,6 +63,28 @@ def test_loss_goes_down_and_output_loads(bases, tmp_path, arch, method):
     assert transformers.AutoTokenizer.from_pretrained(final).model_max_length == 64
     # The trained folder carries its run time (RoPE/ALiBi) for loading without posswap; interpolate needs none.
     assert (final / "modeling_posswap.py").exists() == (method != "interpolate")
+
+
+@pytest.mark.parametrize("method", ["t5-bias", "tupe"])
+def test_gradient_checkpointing_run_equals_the_plain_run(bases, tmp_path, monkeypatch, method):
+    """train.gradient_checkpointing: every layer recomputed in the backward (counted), the same losses as without
+    (T5 bias and TUPE once crashed there), and no deprecation warning from transformers' enabling call."""
+    calls = []
+    original = transformers.modeling_utils.checkpoint
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.modeling_utils, "checkpoint", counting)
+    plain = run(make_raw(bases, tmp_path / "plain", "gpt2", method, max_steps=3))
+    assert not calls
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        run(make_raw(bases, tmp_path / "ckpt", "gpt2", method, max_steps=3, gradient_checkpointing=True))
+    layers = posswap.from_pretrained(str(plain)).config.n_layer
+    assert len(calls) >= 3 * layers  # each step, each layer
+    torch.testing.assert_close(torch.tensor(losses(tmp_path / "ckpt")), torch.tensor(losses(tmp_path / "plain")))
 
 
 class Interrupted(Exception):
