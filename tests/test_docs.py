@@ -145,4 +145,5 @@ def test_embedding_tables_in_readme_and_docs_match_their_json():
     files = [str(ROOT / "README.md"), str(ROOT / "docs" / "embeddings.md")]
     for name in ("passkey", "speed"):
         assert f"<!-- posswap:embeddings-{name} -->" in (ROOT / "docs" / "embeddings.md").read_text()
+    assert "<!-- posswap:embeddings-passkey-summary -->" in (ROOT / "README.md").read_text()
     assert tool.main(["--check", *files]) == 0

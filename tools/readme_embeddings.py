@@ -5,7 +5,8 @@
     python tools/readme_embeddings.py --check README.md docs/embeddings.md   # exit 1 when a block differs
 
 A generated block sits between ``<!-- posswap:embeddings-NAME -->`` and ``<!-- /posswap:embeddings-NAME -->``
-(NAME: ``passkey``, ``needle``, ``speed``); ``--write`` replaces what is between them and nothing else.
+(NAME: ``passkey``, ``needle``, ``speed``, and ``passkey-summary``: the passkey table with the verdict on the
+recipe's runs only, for the README); ``--write`` replaces what is between them and nothing else.
 
 Reads ``<results>/untrained/retrieval.json`` (stock MiniLM and each extension untrained),
 ``<results>/trained/stride-untrained/retrieval.json`` (the stride placement, untrained) and
@@ -33,7 +34,9 @@ TARGET = 0.8  # issue 23: passkey accuracy at 4x the original length after train
 # Untrained models first: the stock model and the extensions (the retrieval evaluation's run, one folder per task),
 # then the stride placement; then the recipe's runs (copy init as the recipe says, and stride init with --set).
 UNTRAINED = ("untrained/{task}", "trained/stride-untrained")
-TRAINED = ("trained", "trained-stride")  # then any other trained-* run, by name
+TRAINED = ("trained-stride", "trained")  # then any other trained-* run, by name
+# The runs of the recipe as shipped (stride init; trained/ holds the copy init it had first): the README's verdict.
+RECIPE_RUN = "trained-stride"
 STOCK = "minilm-512"  # the stock weights reading 512 tokens (the shipped folder says 256: minilm)
 
 
@@ -124,8 +127,9 @@ def training_line(path: Path) -> str | None:
     if not path.is_file():
         return None
     run = json.loads(path.read_text())
+    init = run["recipe"]["posswap"].get("mode", "copy")  # the command alone does not say: the default changed
     return (
-        f"- Training ({path.parent.name}): `{run['command']}`: {run['steps']} steps of {run['batch_size']} (passage, document) pairs, "
+        f"- Training ({path.parent.name}, {init} init): `{run['command']}`: {run['steps']} steps of {run['batch_size']} (passage, document) pairs, "
         f"{run['wall_seconds'] / 60:.1f} min wall ({run['cpu_seconds'] / 60:.1f} min of CPU) on {run['machine']}; "
         f"loss, mean of the first and of the last quarter of the steps: {quarter(run['losses'][: len(run['losses']) // 4])} "
         f"-> {quarter(run['losses'][-(len(run['losses']) // 4) :])}."
@@ -156,8 +160,9 @@ def plot_all(root: Path, task: str) -> Path:
     return plot_retrieval(RetrievalResults.from_dict(results), root / f"{task}.png")
 
 
-def retrieval_block(root: Path, task: str) -> list[str]:
-    """The table of every model scored on ``task`` (untrained, then the recipe's runs), then the verdicts."""
+def retrieval_block(root: Path, task: str, summary: bool = False) -> list[str]:
+    """The table of every model scored on ``task`` (untrained, then the recipe's runs), then the verdicts
+    (``summary``: on the shipped recipe's runs only, without the training lines)."""
     results, found, runs = merged_results(root, task)
     names = list(results["models"])
     untrained = {name for folder in found if not folder.name.startswith("trained") for name in load(folder)["models"]}
@@ -177,9 +182,13 @@ def retrieval_block(root: Path, task: str) -> list[str]:
         return lines
     lines.append("")
     stock = next((n for n in names if n.startswith(STOCK)), names[0])
+    if summary:
+        recipe = next(iter(load(root / RECIPE_RUN)["models"]))
+        trained = [name for name in trained if name == recipe or name.startswith(f"{recipe} (")]
     for name in trained:
         lines += verdict(results, stock, name)
-    lines += [line for folder in runs if (line := training_line(root / folder / "training.json"))]
+    if not summary:
+        lines += [line for folder in runs if (line := training_line(root / folder / "training.json"))]
     return lines
 
 
@@ -212,6 +221,7 @@ def speed_block(root: Path) -> list[str]:
 def blocks(results: Path, speed: Path) -> dict[str, list[str]]:
     return {
         "passkey": retrieval_block(results, "passkey"),
+        "passkey-summary": retrieval_block(results, "passkey", summary=True),
         "needle": retrieval_block(results, "needle"),
         "speed": speed_block(speed),
     }
