@@ -109,3 +109,40 @@ def test_tokenizer_gets_new_model_max_length(minilm_path):
     model = make_model("bert", "BertModel")
     posswap.patch(model, posswap.InterpolateConfig(max_length=NEW_LENGTH), tokenizer=tokenizer)
     assert tokenizer.model_max_length == NEW_LENGTH
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("model_type", ["bert", "roberta"])
+def test_source_length_resamples_only_the_first_rows(model_type, mode, tmp_path):
+    """source_length N: the new table is the first N real rows resampled (RoBERTa's padding rows kept), by the
+    same function as the whole table; saved and loaded, the table is not resampled again."""
+    from posswap.portable.posswap_functional import resample_table
+
+    model = make_model(model_type, {"bert": "BertModel", "roberta": "RobertaModel"}[model_type])
+    offset = 2 if model_type == "roberta" else 0
+    weight = model.embeddings.position_embeddings.weight.detach().clone()
+    source = OLD_LENGTH // 2
+    posswap.patch(model, posswap.InterpolateConfig(max_length=NEW_LENGTH, mode=mode, source_length=source))
+    new = model.embeddings.position_embeddings.weight.detach()
+    torch.testing.assert_close(new[:offset], weight[:offset], atol=0, rtol=0)
+    expected = resample_table(weight[offset : offset + source], NEW_LENGTH, mode)
+    torch.testing.assert_close(new[offset:], expected, atol=0, rtol=0)
+    loaded = reload_and_compare(model, tmp_path, NEW_LENGTH)
+    assert loaded.config.posswap["source_length"] == source
+    assert torch.equal(loaded.embeddings.position_embeddings.weight, new)
+
+
+def test_source_length_at_the_same_length_resamples_and_bad_values_are_refused():
+    model = make_model("bert", "BertModel")
+    weight = model.embeddings.position_embeddings.weight.detach().clone()
+    posswap.patch(model, posswap.InterpolateConfig(max_length=OLD_LENGTH, mode="copy", source_length=OLD_LENGTH // 4))
+    tiled = weight[: OLD_LENGTH // 4].repeat(4, 1)
+    assert torch.equal(model.embeddings.position_embeddings.weight, tiled)  # not the identity: the rows came from 1/4
+    with pytest.raises(ValueError, match="already extended"):  # the original table is gone
+        posswap.patch(model, posswap.InterpolateConfig(max_length=NEW_LENGTH, mode="copy", source_length=8))
+    fresh = make_model("bert", "BertModel")
+    with pytest.raises(ValueError, match=f"source_length {OLD_LENGTH + 1} is more rows than this model's table"):
+        posswap.patch(fresh, posswap.InterpolateConfig(max_length=NEW_LENGTH, source_length=OLD_LENGTH + 1))
+    assert fresh.config.max_position_embeddings == OLD_LENGTH and not hasattr(fresh.config, "posswap")
+    with pytest.raises(ValueError, match="source_length must be a positive integer"):
+        posswap.InterpolateConfig(max_length=NEW_LENGTH, source_length=0)
