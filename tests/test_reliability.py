@@ -555,14 +555,8 @@ EDITS = {
         _set(max_length=96),
         f"block (interpolate) key 'max_length' is 96 but config.json's n_positions is {NEW}",
     ),
-    "interpolate-source_length-past-the-table": (
-        "bert",
-        posswap.InterpolateConfig(max_length=NEW, mode="stride", source_length=OLD // 2),
-        _set(source_length=OLD + 1),
-        f"block (interpolate) key 'source_length' must be an integer >= 1 and <= {OLD}; got {OLD + 1}",
-    ),
 }
-REMOTE_ONLY_POSSWAP = {"interpolate-max_length-not-n_positions", "interpolate-source_length-past-the-table"}
+REMOTE_ONLY_POSSWAP = {"interpolate-max_length-not-n_positions"}
 
 REMOTE_LOADER = WITHOUT_POSSWAP + textwrap.dedent("""
     import json, sys

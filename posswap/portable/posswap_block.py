@@ -81,21 +81,13 @@ def _max_distance(value, block):
     return _integer(floor)(value, block)
 
 
-def _source_length(value, block):
-    """null, or at most the original table's rows (the rows the new table was made from)."""
-    if value is None:
-        return None
-    original = block.get("original_length")
-    return _integer(1, original if isinstance(original, int) else None)(value, block)
-
-
 def _text(value, block):
     return None if isinstance(value, str) else "must be a string"
 
 
 # method -> key -> (required, check). Required: keys the run time reads without a default.
 _KEYS: dict[str, dict[str, tuple[bool, Callable]]] = {
-    "interpolate": {"mode": (False, _choice(*_MODES)), "source_length": (False, _source_length)},
+    "interpolate": {"mode": (False, _choice(*_MODES))},
     "rope": {
         "theta": (False, _number(above=1)),
         "rotary_dim": (False, _rotary_dim),
