@@ -85,11 +85,26 @@ def test_blocked_equals_dense_with_and_without_padding(monkeypatch, routes, mode
     dense, blocked = both(monkeypatch, lambda: first(model(input_ids=ids)))
     torch.testing.assert_close(blocked, dense, **TOLERANCE)
     assert routes.counts == {"fast": 2, "general": 0}  # one call per layer, no padding: the Hankel view
+    before = dict(routes.counts)
     dense, blocked = both(monkeypatch, lambda: first(model(input_ids=ids, attention_mask=mask)))
     real = mask.bool()
     torch.testing.assert_close(blocked[real], dense[real], **TOLERANCE)
     # right padding (encoders) stays on the fast route; GPT-2's left padding moves the positions: general
-    assert routes.counts["fast" if model_type != "gpt2" else "general"] >= 2
+    route = "fast" if model_type != "gpt2" else "general"
+    assert routes.counts[route] == before[route] + 2
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_mask_of_batch_one_serves_every_sequence(monkeypatch, routes, method):
+    """A 4D boolean mask of batch 1 over a batch of 2 (right padding): both sequences read through it, as on the
+    dense path (the fast route once filled only the first sequence's output)."""
+    model = patched("bert", method)
+    ids = token_ids(40)
+    mask = torch.ones(1, 1, 40, 40, dtype=torch.bool)
+    mask[..., 33:] = False
+    dense, blocked = both(monkeypatch, lambda: first(model(input_ids=ids, attention_mask=mask)))
+    torch.testing.assert_close(blocked[:, :33], dense[:, :33], **TOLERANCE)
+    assert routes.counts["fast"] == 2
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -159,6 +174,9 @@ def test_training_keeps_the_dense_path_and_its_gradients(monkeypatch, routes, mo
     def gradients(block_bytes):
         monkeypatch.setattr(posswap_blocked, "BLOCK_BYTES", block_bytes)
         model = patched(model_type, method).train()
+        for module in model.modules():  # no dropout: only the gradient keeps the blocked path away
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
         first(model(input_ids=ids)).float().pow(2).mean().backward()
         return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
@@ -194,6 +212,7 @@ def test_each_thread_gets_its_own_blocked_output(monkeypatch, routes):
         thread.join()
     for i in range(2):
         assert torch.equal(got[i], alone[i])
+    assert routes.counts["fast"] > 0  # the blocked path ran (BLOCK_BYTES 0)
 
 
 def test_the_hankel_view_is_the_dense_bias():

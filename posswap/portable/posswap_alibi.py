@@ -18,6 +18,8 @@ class AlibiBias(BiasProvider):
     device on first use: never a buffer, so neither the meta device of transformers' loading nor
     ``model.to(torch.bfloat16)`` touches them."""
 
+    shift_invariant = True
+
     def __init__(self, num_heads: int, symmetric: bool):
         super().__init__()
         self.num_heads, self.symmetric = num_heads, symmetric

@@ -37,7 +37,6 @@ from .posswap_blocked import (
     fast_sdpa,
     general_sdpa,
     key_prefix_lengths,
-    shift_invariant,
     wanted,
 )
 from .posswap_hooks import CACHE_KWARGS, find_hooks
@@ -68,6 +67,7 @@ class BiasProvider(nn.Module):
     has_bias = True
     has_features = False
     position_offset = 0
+    shift_invariant = False  # the bias depends on q_pos - k_pos alone (the blocked CPU path's fast route)
 
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -134,8 +134,9 @@ def bias_positions(
 def _cached_positions(state, past: int, batch: int, device) -> torch.Tensor | None:
     """Recorded positions of the first ``past`` keys of the call's cache (a cropped cache keeps a prefix), or None."""
     stored = getattr(getattr(state, "cache", None), KEY_POSITIONS, None)
-    batch_fits = stored.shape[0] in (1, batch) or batch == 1 if isinstance(stored, torch.Tensor) else False
-    if not isinstance(stored, torch.Tensor) or stored.shape[-1] < past or not batch_fits:
+    if not isinstance(stored, torch.Tensor):
+        return None
+    if stored.shape[-1] < past or not (stored.shape[0] in (1, batch) or batch == 1):
         return None
     return stored[..., :past].to(device)
 
@@ -208,12 +209,21 @@ def additive_mask(module, query, key, attention_mask, kwargs: dict) -> torch.Ten
 
 
 def _build_mask(module, query, key, attention_mask, position_ids, kwargs) -> torch.Tensor:
-    provider: BiasProvider = module.posswap_bias
     q_len, k_len = query.shape[2], key.shape[2]
-    positions = bias_positions(
-        position_ids, q_len, k_len, query.device, provider.position_offset, kwargs, _first_id(module)
-    )
-    return merge_mask(module, provider.bias(*positions).to(query.dtype), attention_mask, q_len, k_len)
+    positions = call_positions(module, q_len, k_len, query.device, kwargs)
+    return merge_mask(module, module.posswap_bias.bias(*positions).to(query.dtype), attention_mask, q_len, k_len)
+
+
+def call_positions(module, q_len: int, k_len: int, device, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`bias_positions` of this call's queries and keys, made once per forward (the mask, the features and the
+    blocked path all read them), in the call's state."""
+    provider: BiasProvider = module.posswap_bias
+    position_ids = kwargs.get("position_ids")
+
+    def locate():
+        return bias_positions(position_ids, q_len, k_len, device, provider.position_offset, kwargs, _first_id(module))
+
+    return shared(kwargs, (provider, "positions"), (position_ids, q_len, k_len), locate)
 
 
 def merge_mask(module, bias, attention_mask, q_len: int, k_len: int, first_row: int = 0) -> torch.Tensor:
@@ -245,9 +255,7 @@ def with_features(module, query, key, scaling: float, kwargs: dict) -> tuple[tor
     position_ids = kwargs.get("position_ids")
 
     def build():
-        positions = bias_positions(
-            position_ids, q_len, k_len, query.device, provider.position_offset, kwargs, _first_id(module)
-        )
+        positions = call_positions(module, q_len, k_len, query.device, kwargs)
         return tuple(f.to(query.dtype) for f in provider.features(*positions, scaling))
 
     key_ = (position_ids, q_len, k_len, scaling, query.dtype)
@@ -261,7 +269,7 @@ def bias_sdpa_attention(module, query, key, value, attention_mask, dropout: floa
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     scaling, head_dim = (query.shape[-1] ** -0.5 if scaling is None else scaling), value.shape[-1]
-    blocked = module.posswap_bias.has_bias and wanted(module, query, key, value, dropout)
+    blocked = module.posswap_bias.has_bias and wanted(module, query, key, value, attention_mask, dropout)
     mask = None
     if module.posswap_bias.has_bias and not blocked:
         mask = additive_mask(module, query, key, attention_mask, kwargs)
@@ -269,15 +277,15 @@ def bias_sdpa_attention(module, query, key, value, attention_mask, dropout: floa
     if query.shape[-1] != head_dim:
         # CPU's fused SDPA kernels want v as wide as q and k (else the math path, 3x slower): zeros, cut off after.
         value = F.pad(value, (0, query.shape[-1] - head_dim))
-    if blocked:  # inference on CPU: the bias never built whole (posswap_blocked.py)
-        out = blocked_attention(module, query, key, value, attention_mask, scaling, kwargs)
-        return out[..., :head_dim].transpose(1, 2).contiguous(), None
-    if mask is None:  # features only: the model's own mask (or is_causal), as plain SDPA runs it
+    if not blocked and mask is None:  # features only: the model's own mask (or is_causal), as plain SDPA runs it
         out, _ = sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
         return out[..., :head_dim].contiguous(), None
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
+    if blocked:  # inference on CPU: the bias never built whole (posswap_blocked.py)
+        out = blocked_attention(module, query, key, value, attention_mask, scaling, kwargs)
+    else:
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
     return out[..., :head_dim].transpose(1, 2).contiguous(), None
 
 
@@ -288,20 +296,14 @@ def blocked_attention(module, query, key, value, attention_mask, scaling: float,
     q_len, k_len = query.shape[2], key.shape[2]
     position_ids = kwargs.get("position_ids")
     causal = module.is_causal and q_len > 1
-
-    def locate():
-        return bias_positions(
-            position_ids, q_len, k_len, query.device, provider.position_offset, kwargs, _first_id(module)
-        )
-
-    positions = shared(kwargs, (provider, "positions"), (position_ids, q_len, k_len), locate)
+    positions = call_positions(module, q_len, k_len, query.device, kwargs)
 
     def plan():
-        if not shift_invariant(provider) or not contiguous_positions(positions[1]):
+        if not provider.shift_invariant or not contiguous_positions(positions[1]):
             return None
         if attention_mask is None:
             lengths = None
-        elif causal or (lengths := key_prefix_lengths(attention_mask, q_len, k_len)) is None:
+        elif causal or (lengths := key_prefix_lengths(attention_mask, query.shape[0], k_len)) is None:
             return None
         return distance_vector(provider, q_len, k_len, causal, query.dtype), lengths
 
@@ -309,8 +311,8 @@ def blocked_attention(module, query, key, value, attention_mask, scaling: float,
     if fast is not None:
         return fast_sdpa(query, key, value, fast[0], causal, fast[1], scaling)
 
-    def combine(q_pos, k_pos, mask, rows):
-        return merge_mask(module, provider.bias(q_pos, k_pos).to(query.dtype), mask, q_len, k_len, rows[0])
+    def combine(q_pos, k_pos, mask, first_row):
+        return merge_mask(module, provider.bias(q_pos, k_pos).to(query.dtype), mask, q_len, k_len, first_row)
 
     return general_sdpa(query, key, value, attention_mask, positions, combine, causal, scaling)
 

@@ -16,11 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 from .posswap_architectures import ARCHITECTURES
+from .posswap_functional import RESAMPLE_MODES
 
 CORE_KEYS = ("method", "max_length", "original_length")
 _BACKENDS = (None, "sdpa", "flex", "eager")
 _ABSOLUTE = ("drop", "keep")
-_MODES = ("copy", "linear", "cubic", "stride")  # posswap_functional.RESAMPLE_MODES
+_MODES = RESAMPLE_MODES
 
 
 def _integer(minimum: int, maximum: int | None = None) -> Callable[[Any, dict], str | None]:

@@ -3,7 +3,7 @@
 
 The dense path (``posswap_attention.additive_mask``) builds one fp32 (b|1, heads, q, k) bias+mask per forward: at
 4k tokens hundreds of MiB, written once and read by every layer's SDPA. Where no gradient is needed and the
-tensors are on the CPU, :func:`blocked_sdpa` replaces it:
+tensors are on the CPU, ``posswap_attention.blocked_attention`` replaces it, with the two routes here:
 
 - *Shift-invariant bias, positions 0..n-1 (+ a constant), no padding or right padding* (the common case: a
   document, a batch of equal or right-padded documents, a prompt): the bias depends on ``i - j`` only, so
@@ -40,9 +40,10 @@ MIN_ROWS = 32
 FAST_ROWS = 512
 
 
-def wanted(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float) -> bool:
+def wanted(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask, dropout: float) -> bool:
     """True where the blocked path replaces the dense one: CPU, no dropout, nothing that needs a gradient, and
-    a dense bias larger than ``BLOCK_BYTES`` (below that, one bias shared by the layers is the cheaper)."""
+    a dense bias larger than ``BLOCK_BYTES`` (below that, one bias shared by the layers is the cheaper). The dense
+    bias takes the mask's batch (a padding mask makes it one per sequence)."""
     if query.device.type != "cpu" or dropout > 0:
         return False
     if torch.is_grad_enabled() and (
@@ -52,18 +53,8 @@ def wanted(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         or any(p.requires_grad for p in module.posswap_bias.parameters())
     ):
         return False
-    return query.shape[1] * query.shape[2] * key.shape[2] * 4 > BLOCK_BYTES
-
-
-def shift_invariant(provider) -> bool:
-    """Providers whose bias depends on ``q_pos - k_pos`` alone: ALiBi, T5's buckets, TUPE-R's buckets."""
-    from .posswap_alibi import AlibiBias  # here: these modules import posswap_attention, which imports this one
-    from .posswap_t5 import T5Buckets
-    from .posswap_tupe import TupeBias
-
-    if isinstance(provider, TupeBias):
-        return provider.relative is not None and shift_invariant(provider.relative)
-    return isinstance(provider, (AlibiBias, T5Buckets))
+    batch = attention_mask.shape[0] if isinstance(attention_mask, torch.Tensor) else 1
+    return batch * query.shape[1] * query.shape[2] * key.shape[2] * 4 > BLOCK_BYTES
 
 
 def contiguous_positions(k_pos: torch.Tensor) -> bool:
@@ -95,25 +86,31 @@ def hankel(vector: torch.Tensor, past: int, q_len: int, rows: tuple[int, int], k
     return vector.as_strided((1, heads, stop - start, keys), (0, width, 1, 1), vector.storage_offset() + offset)
 
 
-def key_prefix_lengths(mask: torch.Tensor | None, q_len: int, k_len: int) -> list[int] | None:
-    """Real keys per sequence where the mask is right padding only (the same keys for every query, a prefix):
-    their counts; None for any other mask."""
-    if mask is None:
-        return None
-    if mask.dtype != torch.bool or mask.shape[-1] != k_len or mask.shape[1] != 1:
+def key_prefix_lengths(mask: torch.Tensor, batch: int, k_len: int) -> list[int] | None:
+    """Real keys of each of the ``batch`` sequences where the mask is right padding only (the same keys for every
+    query, a prefix): their counts; None for any other mask. A mask of batch 1 serves every sequence."""
+    if mask.dtype != torch.bool or mask.shape[-1] != k_len or mask.shape[1] != 1 or mask.shape[0] not in (1, batch):
         return None
     keep = mask[:, 0, -1]  # (b, k)
     if not torch.equal(mask, keep[:, None, None, :].expand_as(mask)):
         return None
     lengths = keep.sum(-1)
     prefix = torch.arange(k_len, device=mask.device)[None] < lengths[:, None]
-    return lengths.tolist() if torch.equal(prefix, keep) and bool((lengths > 0).all()) else None
+    if not torch.equal(prefix, keep) or not bool((lengths > 0).all()):
+        return None
+    return lengths.tolist() * (batch // mask.shape[0])
 
 
 def fast_sdpa(query, key, value, vector, causal: bool, lengths: list[int] | None, scaling: float) -> torch.Tensor:
-    """Shift-invariant bias, contiguous positions: Hankel views of ``vector`` over reversed keys."""
+    """Shift-invariant bias, contiguous positions: Hankel views of ``vector`` over reversed keys. ``lengths``
+    (right padding, an encoder's) and ``causal`` do not come together."""
     q_len, k_len = query.shape[2], key.shape[2]
     past = k_len - q_len
+    k_rev, v_rev = key.flip(2), value.flip(2)
+    if lengths is None and not causal:  # one call over every query
+        return F.scaled_dot_product_attention(
+            query, k_rev, v_rev, attn_mask=hankel(vector, past, q_len, (0, q_len), k_len), scale=scaling
+        )
     out = query.new_empty(*query.shape[:3], value.shape[-1])
     if lengths is not None:  # right padding: each sequence over its own real keys
         for b, length in enumerate(lengths):
@@ -123,11 +120,9 @@ def fast_sdpa(query, key, value, vector, causal: bool, lengths: list[int] | None
                 query[b : b + 1], k_rev, v_rev, attn_mask=mask, scale=scaling
             )
         return out
-    k_rev, v_rev = key.flip(2), value.flip(2)
-    step = FAST_ROWS if causal else q_len
-    for start in range(0, q_len, step):
-        stop = min(q_len, start + step)
-        keys = past + stop if causal else k_len  # a decoder's block sees no key after its last query
+    for start in range(0, q_len, FAST_ROWS):
+        stop = min(q_len, start + FAST_ROWS)
+        keys = past + stop  # a decoder's block sees no key after its last query
         mask = hankel(vector, past, q_len, (start, stop), keys)
         out[:, :, start:stop] = F.scaled_dot_product_attention(
             query[:, :, start:stop],
@@ -141,7 +136,7 @@ def fast_sdpa(query, key, value, vector, causal: bool, lengths: list[int] | None
 
 def general_sdpa(query, key, value, attention_mask, positions, combine, causal: bool, scaling: float) -> torch.Tensor:
     """Queries in blocks; each block's bias built from its positions and merged with its mask slice by
-    ``combine(bias, mask_slice, rows, keys)`` (the dense path's own merging)."""
+    ``combine(q_pos, k_pos, mask_slice, first_row)`` (the dense path's own merging)."""
     q_pos, k_pos = positions
     q_len, k_len = query.shape[2], key.shape[2]
     past = k_len - q_len
@@ -155,7 +150,7 @@ def general_sdpa(query, key, value, attention_mask, positions, combine, causal: 
         if attention_mask is not None:
             mask = attention_mask if attention_mask.shape[-2] == 1 else attention_mask[..., start:stop, :]
             mask = mask[..., :keys]
-        bias = combine(q_pos[..., start:stop], k_pos[..., :keys], mask, (start, stop))
+        bias = combine(q_pos[..., start:stop], k_pos[..., :keys], mask, start)
         out[:, :, start:stop] = F.scaled_dot_product_attention(
             query[:, :, start:stop], key[:, :, :keys], value[:, :, :keys], attn_mask=bias, scale=scaling
         )

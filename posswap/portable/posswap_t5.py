@@ -30,6 +30,8 @@ class T5Buckets(BiasProvider):
     names it); both paths look distances up in a per-distance copy of it (flex inside the kernel, so it builds no
     (q, k) tensor)."""
 
+    shift_invariant = True
+
     def __init__(self, num_heads: int, num_buckets: int, max_distance: int, bidirectional: bool):
         super().__init__()
         self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional

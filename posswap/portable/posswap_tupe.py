@@ -63,6 +63,10 @@ class TupeBias(BiasProvider):
             self.cls_to_others = nn.Parameter(torch.empty(num_heads))
             self.others_to_cls = nn.Parameter(torch.empty(num_heads))
 
+    @property
+    def shift_invariant(self) -> bool:  # TUPE-R: its buckets' bias (the features are not part of the bias)
+        return self.relative is not None and self.relative.shift_invariant
+
     def projected(self, pos: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """(b|1, heads, n, head_dim) in fp32: rows of the table at ``pos`` through U_Q or U_K."""
         rows = self.positions.float()[pos.clamp(0, self.positions.shape[0] - 1)]  # padded keys: any row, masked
