@@ -13,6 +13,7 @@ import torch
 import transformers
 import yaml
 from conftest import make_model, outputs, reload_and_compare, token_ids
+from test_sentence_transformers import tiny_sentence_transformer
 
 import posswap
 from posswap.cli import main
@@ -21,10 +22,6 @@ from posswap.portable.posswap_functional import resample_positions, resample_tab
 from posswap.training.embedding_data import document_pairs
 
 st = pytest.importorskip("sentence_transformers")
-try:  # sentence-transformers 6
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-except ImportError:  # 5
-    from sentence_transformers.models import Pooling, Transformer
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
 
@@ -116,20 +113,7 @@ def test_a_hard_negative_differs_from_its_document_only_in_the_passage(text_file
 def tiny_st(tmp_path_factory, minilm_path) -> Path:
     """A sentence-transformers folder: a tiny random BERT (64 positions) with MiniLM's tokenizer, mean pooling."""
     folder = tmp_path_factory.mktemp("tiny-st")
-    torch.manual_seed(0)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_path, model_max_length=64)
-    config = transformers.BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=37,
-        max_position_embeddings=64,
-    )
-    transformers.BertModel(config).save_pretrained(folder / "bert")
-    tokenizer.save_pretrained(folder / "bert")
-    model = st.SentenceTransformer(modules=[Transformer(str(folder / "bert")), Pooling(32, "mean")], device="cpu")
-    model.save(str(folder / "st"))
+    tiny_sentence_transformer(folder / "bert", minilm_path, positions=64).save(str(folder / "st"))
     return folder / "st"
 
 
@@ -181,6 +165,10 @@ def test_embedding_recipe_runs_end_to_end(tiny_st, text_file, tmp_path, capsys, 
         (lambda r: r["train"].update(curriculum=[64, 128]), "train.curriculum is not used by an embedding recipe"),
         (lambda r: r["train"].update(trainable="lora"), "train.trainable .embedding recipe. must be one of"),
         (lambda r: r.update(eval={"lengths": [64]}), "eval.lengths"),
+        (lambda r: r["embedding"].update(pairs=3), r"embedding.pairs \(3\) is fewer than one optimizer step"),
+        (lambda r: r["embedding"].update(anchor_words="abc"), "embedding.anchor_words must be a positive integer"),
+        # No posswap block: the model reads its own 64 tokens, and a 256-token document would be cut.
+        (lambda r: r.update(posswap=None), "document_lengths entry 256 is longer than the model reads .64 tokens."),
     ],
 )
 def test_bad_embedding_recipe_is_one_line_and_writes_nothing(tiny_st, text_file, tmp_path, capsys, change, message):
@@ -189,8 +177,9 @@ def test_bad_embedding_recipe_is_one_line_and_writes_nothing(tiny_st, text_file,
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(raw))
     assert main(["train", str(path)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert re.search(message, err) and len(err.splitlines()) == 1, err
+    *before, err = capsys.readouterr().err.strip().splitlines()
+    # one line; a check that needs the model loaded comes after transformers' "Loading weights" bar
+    assert re.search(message, err) and all(line.startswith("Loading weights") for line in before), (before, err)
     assert not (tmp_path / "run").exists()
 
 
@@ -251,3 +240,20 @@ def test_readme_table_joins_a_recipes_seeds_in_one_column(tmp_path, capsys):
     assert "| tokens | minilm-512 | run (3 seeds) |" in out
     assert "| 256 | 0.90 ± 0.03 | 0.90 ± 0.10 |" in out and "| 2048 | 0.20 ± 0.04 | 0.60 ± 0.10 |" in out
     assert "its lowest seed -0.10 (a fall beyond)" in out and "run-seed1" not in out
+
+
+def test_embedding_recipe_pushes_and_keeps_the_models_own_dropout(tiny_st, text_file, tmp_path, hub):
+    """push_to_hub is honoured (it was read and ignored); embedding.dropout changes training only, not the
+    dropout the saved config gives whoever loads it."""
+    spec = recipe(tiny_st, text_file, tmp_path / "run")
+    spec["embedding"]["dropout"] = 0.0
+    spec["push_to_hub"] = "me/tiny-st-256"
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert main(["train", str(path)]) == 0
+    folder = tmp_path / "run" / "model"
+    files = hub.files("me/tiny-st-256")
+    assert "modules.json" in files and files["modules.json"] == (folder / "modules.json").read_bytes()
+    config = json.loads((folder / "config.json").read_text())
+    assert config["attention_probs_dropout_prob"] == 0.1 and config["hidden_dropout_prob"] == 0.1
+    assert not (tmp_path / "run" / "trainer").exists()  # the trainer's empty folder is not left behind

@@ -113,23 +113,23 @@ def embed(model, texts: list[str]) -> torch.Tensor:
     return model.encode(texts, convert_to_tensor=True, batch_size=len(texts))
 
 
-def tiny_sentence_transformer(folder: Path, minilm_path: str, model_type: str = "bert"):
+def tiny_sentence_transformer(folder: Path, minilm_path: str, model_type: str = "bert", positions: int = TINY_OLD):
     """A SentenceTransformer (transformer + mean pooling) around a tiny random BERT or RoBERTa with MiniLM's
     tokenizer; RoBERTa's padding id is 1, so its table has 2 rows before the first position, as RoBERTa's has."""
     torch.manual_seed(0)
     shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
     if model_type == "bert":
-        tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_path, model_max_length=TINY_OLD)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_path, model_max_length=positions)
         model = transformers.BertModel(
-            transformers.BertConfig(vocab_size=len(tokenizer), **shape, max_position_embeddings=TINY_OLD)
+            transformers.BertConfig(vocab_size=len(tokenizer), **shape, max_position_embeddings=positions)
         )
     else:
         tokenizer = transformers.AutoTokenizer.from_pretrained(
-            minilm_path, model_max_length=TINY_OLD, pad_token="[unused0]"
+            minilm_path, model_max_length=positions, pad_token="[unused0]"
         )
         assert tokenizer.pad_token_id == 1
         config = transformers.RobertaConfig(
-            vocab_size=len(tokenizer), **shape, pad_token_id=1, max_position_embeddings=TINY_OLD + 2
+            vocab_size=len(tokenizer), **shape, pad_token_id=1, max_position_embeddings=positions + 2
         )
         model = transformers.RobertaModel(config)
     sharpen_qk(model).save_pretrained(folder)  # q.k large enough that positions show in the embeddings

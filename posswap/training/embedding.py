@@ -10,6 +10,7 @@ at a time) -> SentenceTransformerTrainer (cosine schedule, no checkpoints: the t
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -18,11 +19,12 @@ import yaml
 from torch import nn
 from transformers import ProgressCallback, TrainerCallback, get_cosine_schedule_with_warmup
 
-from ..files import check_folder_target, check_writable, write_folder
+from ..files import write_folder
 from ..loading import resolve_model_id
 from ..patching import patch, patched_config
 from ..sentence_models import load_sentence_transformer, save, transformer_module
 from .embedding_data import document_pairs
+from .loop import MAX_GRAD_NORM, _check_before_work, _local_source, _push, parameter_groups
 from .recipe import Recipe
 from .trainable import position_parameter_names, select_trainable
 
@@ -36,21 +38,17 @@ def train_embedding(recipe: Recipe, raw, resume: bool, callbacks, overwrite: boo
     t, e = recipe.train, recipe.embedding
     if resume or force:
         raise ValueError("--resume / --force: an embedding recipe keeps no checkpoints to resume; run it again.")
-    run_dir = Path(t.output_dir)
-    final_dir = run_dir / "model"
-    source = resolve_model_id(recipe.model)
-    local = source if Path(source).exists() else None
-    check_folder_target(final_dir, overwrite, local, flag=FLAG)  # found out now, not after the training
-    check_writable(final_dir, flag=FLAG)
+    _check_before_work(recipe, False, overwrite, False)  # the model folder, old checkpoints, a Hub login
+    run_dir, final_dir = Path(t.output_dir), Path(t.output_dir) / "model"
     torch.manual_seed(t.seed)
     model = load_sentence_model(recipe)
+    check_document_lengths(model, e.document_lengths)
     transformer = transformer_module(model).auto_model
     if e.dropout is not None:  # SDPA's backward with dropout on CPU is ~4x slower than without (measured at 2048)
-        for module in transformer.modules():
+        for module in transformer.modules():  # the attention reads its module's p: the saved config keeps its own
             if isinstance(module, nn.Dropout):
                 module.p = e.dropout
-        transformer.config.attention_probs_dropout_prob = e.dropout
-    position_names = {f"{transformer_prefix(model, transformer)}{n}" for n in position_parameter_names(transformer)}
+    positions = {id(p) for n, p in transformer.named_parameters() if n in position_parameter_names(transformer)}
     select_trainable(transformer, t.trainable, t.train_norms)
     pairs = document_pairs(
         recipe.data.train,
@@ -68,17 +66,33 @@ def train_embedding(recipe: Recipe, raw, resume: bool, callbacks, overwrite: boo
     trainer = SentenceTransformerTrainer(
         model=model,
         args=training_arguments(recipe, run_dir),
-        train_dataset=pairs.select_columns(["anchor", "positive"] + (["negative"] if e.hard_negatives else [])),
+        train_dataset=pairs,
         loss=ranking_loss(model, e),
-        optimizers=optimizer_and_schedule(model, position_names, t),
+        optimizers=optimizer_and_schedule(model, positions, t),
         callbacks=[JsonLog(run_dir / "log.jsonl", model, callbacks)],
     )
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(LossBar())
     trainer.train()
     model.eval()
+    local = _local_source(recipe.model)
     write_folder(final_dir, lambda folder: save(model, folder), overwrite=overwrite, source=local, flag=FLAG)
+    with contextlib.suppress(OSError):  # the trainer's own folder, empty: it saves nothing (save_strategy "no")
+        (run_dir / "trainer").rmdir()
+    if recipe.push_to_hub:
+        _push(recipe, final_dir, run_dir, describe=False)  # sentence-transformers' card describes the training
     return final_dir
+
+
+def check_document_lengths(model, lengths: list[int]) -> None:
+    """Every document length within what the model reads (with ``posswap: null`` it is the model's own limit):
+    a longer document would be cut, its passage perhaps with it."""
+    limit = transformer_module(model).max_seq_length
+    if max(lengths) > limit:
+        raise ValueError(
+            f"embedding.document_lengths entry {max(lengths)} is longer than the model reads ({limit} tokens); "
+            "shorten it or extend the model with a posswap: block."
+        )
 
 
 def load_sentence_model(recipe: Recipe):
@@ -95,11 +109,6 @@ def load_sentence_model(recipe: Recipe):
     return model
 
 
-def transformer_prefix(model: nn.Module, transformer: nn.Module) -> str:
-    """The name prefix of ``transformer``'s parameters inside ``model`` (e.g. ``0.auto_model.``)."""
-    return next(f"{name}." for name, module in model.named_modules() if module is transformer)
-
-
 def ranking_loss(model, e) -> nn.Module:
     from sentence_transformers.sentence_transformer import losses
 
@@ -108,19 +117,10 @@ def ranking_loss(model, e) -> nn.Module:
     return losses.CachedMultipleNegativesRankingLoss(model, scale=e.scale, mini_batch_size=e.mini_batch_size)
 
 
-def optimizer_and_schedule(model: nn.Module, position_names: set[str], t):
-    """AdamW with warmup and cosine decay over ``max_steps``, as the MLM/CLM loop; no decay on biases and norms;
-    the position table at ``train.position_lr`` when given (new rows start from copies of old ones)."""
-    groups: dict[tuple[float, float], list] = {}
-    for name, parameter in model.named_parameters():
-        if not parameter.requires_grad:
-            continue
-        rate = t.position_lr if t.position_lr is not None and name in position_names else t.lr
-        decay = t.weight_decay if parameter.ndim >= 2 else 0.0
-        groups.setdefault((rate, decay), []).append(parameter)
-    optimizer = torch.optim.AdamW(
-        [{"params": ps, "lr": rate, "weight_decay": decay} for (rate, decay), ps in groups.items()], lr=t.lr
-    )
+def optimizer_and_schedule(model: nn.Module, positions: set[int], t):
+    """The MLM/CLM loop's AdamW groups (``positions``: ids of the position parameters, at ``train.position_lr``
+    when given) with warmup and cosine decay over ``max_steps``."""
+    optimizer = torch.optim.AdamW(parameter_groups(model, positions, t), lr=t.lr)
     return optimizer, get_cosine_schedule_with_warmup(optimizer, t.warmup_steps, t.max_steps)
 
 
@@ -134,7 +134,7 @@ def training_arguments(recipe: Recipe, run_dir: Path):
         max_steps=t.max_steps,
         per_device_train_batch_size=t.batch_size,
         gradient_accumulation_steps=t.grad_accum,
-        max_grad_norm=1.0,
+        max_grad_norm=MAX_GRAD_NORM,
         logging_steps=t.log_every,
         save_strategy="no",  # a Trainer checkpoint pickles the optimizer; posswap writes safetensors only
         report_to=[],

@@ -25,8 +25,8 @@ def document_pairs(
     text_column: str = "text",
     hard_negatives: bool = False,
 ) -> datasets.Dataset:
-    """``pairs`` rows of ``anchor`` (``anchor_words`` consecutive words of the document), ``positive`` (the
-    document) and, to check where each came from, ``source`` (row of ``spec``) and ``start`` (its first token).
+    """``pairs`` rows of ``anchor`` (``anchor_words`` consecutive words of the document) and ``positive`` (the
+    document), the columns sentence-transformers' losses read in order.
     Pair i's document is ``lengths[i % len(lengths)]`` tokens long with [CLS] and [SEP], so it fits that length
     whole. Sources are drawn in proportion to their tokens; positions uniformly. ``hard_negatives``: a
     ``negative`` column too, the document with the anchor's words replaced by ``anchor_words`` words drawn
@@ -48,7 +48,7 @@ def document_pairs(
             "use more text or shorter embedding.document_lengths."
         )
     rng = np.random.default_rng(seed)
-    rows = {"anchor": [], "positive": [], "source": [], "start": []} | ({"negative": []} if hard_negatives else {})
+    rows = {"anchor": [], "positive": []} | ({"negative": []} if hard_negatives else {})
     for index in range(pairs):
         tokens = lengths[index % len(lengths)] - special
         fits = np.where(sizes >= tokens, sizes - tokens + 1, 0)  # starting places in each source
@@ -63,8 +63,6 @@ def document_pairs(
             swapped = replacement_words(texts, rng, anchor_words, rows["anchor"][-1])
             rows["negative"].append(" ".join(words[:first] + swapped + words[first + anchor_words :]))
         rows["positive"].append(document)
-        rows["source"].append(source)
-        rows["start"].append(start)
     return datasets.Dataset.from_dict(rows)
 
 

@@ -43,6 +43,7 @@ class EmbeddingSpec:
     )
 
     def validate(self, max_length: int | None) -> None:
+        check_positive_int("embedding.anchor_words", self.anchor_words)  # the lengths are checked against it
         if not isinstance(self.document_lengths, list) or not self.document_lengths:
             raise ValueError(
                 f"embedding.document_lengths must be a non-empty list of token lengths, got {shown(self.document_lengths)}."
@@ -61,7 +62,6 @@ class EmbeddingSpec:
         if not isinstance(self.hard_negatives, bool):
             raise ValueError(f"embedding.hard_negatives must be true or false, got {shown(self.hard_negatives)}.")
         check_positive_int("embedding.pairs", self.pairs)
-        check_positive_int("embedding.anchor_words", self.anchor_words)
         check_choice("embedding.loss", self.loss, LOSSES)
         check_positive_int("embedding.mini_batch_size", self.mini_batch_size)
         check_number("embedding.scale", self.scale, above=0)
@@ -81,6 +81,11 @@ def check_embedding_recipe(recipe: Any, defaults: Any) -> None:
                 "remove it."
             )
     check_choice("train.trainable (embedding recipe)", t.trainable, ("full", "positions"))
+    if recipe.embedding.pairs < t.batch_size * t.grad_accum:  # the trainer drops a short last batch: no step at all
+        raise ValueError(
+            f"embedding.pairs ({recipe.embedding.pairs}) is fewer than one optimizer step takes (train.batch_size x "
+            f"train.grad_accum = {t.batch_size * t.grad_accum}); raise embedding.pairs."
+        )
     check_choice("train.mixed_precision (embedding recipe)", t.mixed_precision, ("no",))
     if recipe.tokenizer is not None:
         raise ValueError(

@@ -498,22 +498,23 @@ def _evaluate(recipe: Recipe, model, tokenizer, run_dir: Path, device: torch.dev
     print(results.table())
 
 
-def _push(recipe: Recipe, final_dir: Path, run_dir: Path) -> None:
+def _push(recipe: Recipe, final_dir: Path, run_dir: Path, describe: bool = True) -> None:
+    """``final_dir`` to the recipe's repo; ``describe``: with posswap's card of the run (False: the folder's own
+    README.md, as a sentence-transformers folder has one from its trainer)."""
     from huggingface_hub.errors import HfHubHTTPError
 
     from ..hub import push_to_hub
 
     results = run_dir / "eval" / "results.json"
+    card_args = {
+        "results": results if results.exists() else None,
+        "plots": sorted((run_dir / "eval").glob("*.png")),
+        "base_model": None if Path(recipe.model).exists() or recipe.model.startswith("posswap:") else recipe.model,
+        "data": recipe.data.train,
+        "steps": recipe.train.max_steps,
+    }
     try:
-        url = push_to_hub(
-            final_dir,
-            recipe.push_to_hub,
-            results=results if results.exists() else None,
-            plots=sorted((run_dir / "eval").glob("*.png")),
-            base_model=None if Path(recipe.model).exists() or recipe.model.startswith("posswap:") else recipe.model,
-            data=recipe.data.train,
-            steps=recipe.train.max_steps,
-        )
+        url = push_to_hub(final_dir, recipe.push_to_hub, **(card_args if describe else {}))
     except (OSError, HfHubHTTPError) as error:  # the run is not lost: say where it is and how to push it
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0].rstrip(".")  # the Hub's first line
         raise OSError(
