@@ -160,6 +160,7 @@ def _cmd_study(args: argparse.Namespace) -> None:
         return _write_docs_pages(args)
     if args.preset in COPYING_PRESETS:
         return _cmd_copying_study(args)
+    _refuse_other_family(args, COPYING_ONLY, "the copying study (--preset mini, copying or copying-rope)")
     specs = select(
         args.preset,
         args.model,
@@ -179,6 +180,17 @@ def _cmd_study(args: argparse.Namespace) -> None:
     print(Study(specs, work, out, args.reference, device).run(command, report_only=args.report_only))
 
 
+# The study flags only one family of presets reads (each None unless given): the other refuses them.
+TEXT_ONLY = ("--model", "--reference", "--repeat-fraction", "--device", "--phase")
+COPYING_ONLY = ("--seeds", "--build-copier", "--jobs")
+
+
+def _refuse_other_family(args: argparse.Namespace, flags: tuple[str, ...], family: str) -> None:
+    for flag in flags:
+        if getattr(args, flag[2:].replace("-", "_")) is not None:
+            raise ValueError(f"{flag} belongs to {family}; --preset {args.preset} does not read it.")
+
+
 def _write_docs_pages(args: argparse.Namespace) -> None:
     from .study.docs_report import write_pages
 
@@ -195,18 +207,9 @@ def _cmd_copying_study(args: argparse.Namespace) -> None:
     from .study.copying import COPYING_PRESETS, narrowed, run_copying
     from .study.copying_report import write_report
 
-    for flag, value in (
-        ("--model", args.model),
-        ("--reference", args.reference),
-        ("--repeat-fraction", args.repeat_fraction),
-        ("--device", args.device),
-        ("--phase", args.phase),
-    ):
-        if value is not None:
-            raise ValueError(
-                f"{flag} belongs to the text study (--preset full or minilm-mini); --preset {args.preset} runs on the copier, on the CPU."
-            )
-    check_number("--jobs", args.jobs, minimum=1, integer=True)
+    _refuse_other_family(args, TEXT_ONLY, "the text study (--preset full or minilm-mini)")
+    jobs = 2 if args.jobs is None else args.jobs
+    check_number("--jobs", jobs, minimum=1, integer=True)
     spec = narrowed(
         COPYING_PRESETS[args.preset], args.variants, args.steps, args.lr, not args.no_baseline, args.seeds
     )  # checked first
@@ -221,7 +224,7 @@ def _cmd_copying_study(args: argparse.Namespace) -> None:
         print(write_report(json.loads(found.read_text()), out))
         return
     started = time.perf_counter()
-    results = run_copying(spec, work, out, jobs=args.jobs, rebuild_copier=args.build_copier)
+    results = run_copying(spec, work, out, jobs=jobs, rebuild_copier=bool(args.build_copier))
     print(write_report(results, out))
     print(
         f"Wall time {(time.perf_counter() - started) / 60:.1f} min; table in {out}/summary.md, picture {out}/probe.png."
@@ -564,10 +567,11 @@ def _copying_options(s: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--build-copier",
         action="store_true",
+        default=None,  # None when not given, as every preset-family flag (_refuse_other_family)
         help="Copying presets: train the copier from its recipe again (about 4 min on 2 cores), even if the work folder or posswap (for copying and copying-rope) has one.",
     )
     s.add_argument(
-        "--jobs", type=int, default=2, help="Copying presets: runs at once, one CPU thread each (default 2)."
+        "--jobs", type=int, default=None, help="Copying presets: runs at once, one CPU thread each (default 2)."
     )
 
 

@@ -98,6 +98,11 @@ def test_cli_refuses_text_study_flags_on_the_copier(tmp_path, capsys):
     assert "--model belongs to the text study" in capsys.readouterr().err
     assert main(["study", "--preset", "mini", "--variants", "copy", "rope-ntk", "--work", str(tmp_path / "w")]) == 2
     assert "rope-ntk" in capsys.readouterr().err
+    # and the other way: the copier's flags on the text study were dropped without a word
+    for flags in (["--seeds", "3"], ["--jobs", "4"], ["--build-copier"]):
+        assert main(["study", "--preset", "full", *flags, "--work", str(tmp_path / "w")]) == 2
+        assert f"{flags[0]} belongs to the copying study" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
     assert not (tmp_path / "w").exists()
 
 

@@ -106,6 +106,13 @@ def test_the_docs_flag_writes_the_pages_and_needs_report_only(tmp_path, monkeypa
     assert "no results folder" in capsys.readouterr().err
     assert main(["study", "--report-only", "--docs", str(tmp_path)]) == 0
     assert (tmp_path / "study" / "copying.md").read_bytes() == (DOCS / "study" / "copying.md").read_bytes()
+    # A page posswap did not write is not replaced: refused, nothing written.
+    (tmp_path / "study" / "mini.md").write_text("my own notes\n")
+    (tmp_path / "study" / "copying.md").unlink()
+    assert main(["study", "--report-only", "--docs", str(tmp_path)]) == 2
+    assert "mini.md was not written by posswap study" in capsys.readouterr().err
+    assert (tmp_path / "study" / "mini.md").read_text() == "my own notes\n"
+    assert not (tmp_path / "study" / "copying.md").exists()
 
 
 def test_the_site_hooks_fill_options_from_the_config_help():

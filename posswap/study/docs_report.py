@@ -158,6 +158,11 @@ def write_pages(results_root: Path, docs: Path) -> list[Path]:
     texts = pages(root)
     if not texts:
         raise ValueError(f"--docs: {root} holds no study results (copying.json or study.json).")
+    marker = GENERATED.split("{", 1)[0]
+    for name in texts:  # a page a person wrote is not replaced (checked before any page is written)
+        path = Path(docs) / name
+        if path.exists() and not path.read_text(errors="replace").startswith(marker):
+            raise ValueError(f"--docs: {path} was not written by posswap study; move it, or choose another --docs.")
     written = []
     for name, text in texts.items():
         path = Path(docs) / name
