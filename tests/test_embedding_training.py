@@ -240,6 +240,15 @@ def test_readme_table_joins_a_recipes_seeds_in_one_column(tmp_path, capsys):
     assert "| tokens | minilm-512 | run (3 seeds) |" in out
     assert "| 256 | 0.90 ± 0.03 | 0.90 ± 0.10 |" in out and "| 2048 | 0.20 ± 0.04 | 0.60 ± 0.10 |" in out
     assert "its lowest seed -0.10 (a fall beyond)" in out and "run-seed1" not in out
+    # runs named -seed0, -seed1 (no plain name) join too; two files naming the same model are refused
+    results_file(tmp_path / "b" / "untrained" / "passkey", {"minilm-512": scored(512, [0.9, 0.2])}, prints)
+    results_file(tmp_path / "b" / "trained", {"x-seed0": scored(2048, [0.9, 0.7])}, prints)
+    results_file(tmp_path / "b" / "trained-seed1", {"x-seed1": scored(2048, [0.7, 0.5])}, prints)
+    assert tool.main(["--results", str(tmp_path / "b")]) == 0
+    assert "| 256 | 0.90 ± 0.03 | 0.80 ± 0.14 |" in capsys.readouterr().out
+    results_file(tmp_path / "b" / "trained-seed2", {"x-seed1": scored(2048, [0.5, 0.5])}, prints)
+    with pytest.raises(SystemExit, match="both name a model 'x-seed1'"):
+        tool.main(["--results", str(tmp_path / "b")])
 
 
 def test_embedding_recipe_pushes_and_keeps_the_models_own_dropout(tiny_st, text_file, tmp_path, hub):

@@ -51,6 +51,9 @@ def merged(untrained: dict, trained: dict) -> dict:
             raise SystemExit(f"readme_embeddings: the two files differ in {key}: {untrained[key]} vs {trained[key]}.")
     if untrained["settings"].get("fingerprints") != trained["settings"].get("fingerprints"):
         raise SystemExit("readme_embeddings: the two files scored different documents (fingerprints differ).")
+    same = sorted(set(untrained["models"]) & set(trained["models"]))
+    if same:  # one column would silently replace the other
+        raise SystemExit(f"readme_embeddings: two results files both name a model {same[0]!r}; rename one.")
     return {**untrained, "models": {**untrained["models"], **trained["models"]}}
 
 
@@ -64,7 +67,8 @@ def seed_groups(results: dict) -> dict:
     groups: dict[str, list[str]] = {}
     for name in models:
         match = SEED.match(name)
-        base = match["base"] if match and (match["base"] in models or int(match["seed"]) == 0) else name
+        first = match and (match["base"] in models or f"{match['base']}-seed0" in models)  # the run it joins
+        base = match["base"] if first else name
         groups.setdefault(base, []).append(name)
     grouped = {}
     for base, names in groups.items():
@@ -127,12 +131,14 @@ def training_line(path: Path) -> str | None:
     if not path.is_file():
         return None
     run = json.loads(path.read_text())
-    init = run["recipe"]["posswap"].get("mode", "copy")  # the command alone does not say: the default changed
+    part = max(1, len(run["losses"]) // 4)  # at least one step at each end
+    block = run["recipe"].get("posswap") or {}
+    init = block.get("mode") or block.get("method") or "unpatched"  # the command alone does not say: defaults change
     return (
         f"- Training ({path.parent.name}, {init} init): `{run['command']}`: {run['steps']} steps of {run['batch_size']} (passage, document) pairs, "
         f"{run['wall_seconds'] / 60:.1f} min wall ({run['cpu_seconds'] / 60:.1f} min of CPU) on {run['machine']}; "
-        f"loss, mean of the first and of the last quarter of the steps: {quarter(run['losses'][: len(run['losses']) // 4])} "
-        f"-> {quarter(run['losses'][-(len(run['losses']) // 4) :])}."
+        f"loss, mean of the first and of the last quarter of the steps: {quarter(run['losses'][:part])} "
+        f"-> {quarter(run['losses'][-part:])}."
     )
 
 
@@ -260,10 +266,10 @@ def main(argv: list[str] | None = None) -> int:
         new = rewritten(text, generated, path)
         if path in args.write:
             Path(path).write_text(new)
-            for task in ("passkey", "needle"):
-                plot_all(Path(args.results), task)
         elif new != text:
             stale.append(path)
+    for task in ("passkey", "needle") if args.write else ():  # the pictures the files show, drawn once
+        plot_all(Path(args.results), task)
     if stale:
         print(f"readme_embeddings: stale generated blocks in {', '.join(stale)}; run --write.", file=sys.stderr)
     return 1 if stale else 0

@@ -5,13 +5,14 @@ retrieval results) from the run folder and the ``/usr/bin/time -v`` log of the c
     python tools/record_training.py out/minilm-embed-2k-seed1 train.log results/embeddings/trained-seed1/training.json
 
 Reads ``log.jsonl`` (the loss of each step) and ``recipe.json`` (the resolved recipe) of the run folder; from the
-time log the command, wall and CPU seconds, and the share of the 2 cores the run got (under 200%: shared).
+time log the command, wall and CPU seconds, and the share of this machine's cores the run got.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 from pathlib import Path
 
@@ -34,16 +35,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out", type=Path)
     args = parser.parse_args(argv)
     recipe = json.loads((args.run_dir / "recipe.json").read_text())
-    losses = [json.loads(line)["loss"] for line in (args.run_dir / "log.jsonl").read_text().splitlines()]
+    logged = [json.loads(line) for line in (args.run_dir / "log.jsonl").read_text().splitlines()]
+    losses = [line["loss"] for line in logged]
     timed = time_log(args.time_log)
     record = {
         "command": timed["command"],
-        "steps": recipe["train"]["max_steps"],
+        "steps": logged[-1]["step"] if logged else 0,  # what ran, not what the recipe asked for
         "batch_size": recipe["train"]["batch_size"],
         "document_lengths": recipe["embedding"]["document_lengths"],
         "wall_seconds": timed["wall_seconds"],
         "cpu_seconds": timed["cpu_seconds"],
-        "machine": f"2 CPU cores, of which the run got {timed['cpu_share']}%",
+        "machine": f"{len(os.sched_getaffinity(0))} CPU cores, of which the run got {timed['cpu_share']}%",
         "losses": losses,
         "recipe": recipe,
     }
