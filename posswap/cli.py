@@ -23,11 +23,11 @@ from typing import Any
 import yaml
 
 from .config import check_number, load_yaml
+from .evaluation.passkey import DEPTHS
+from .portable.posswap_block import RENAMED_IN, RENAMED_KEYS
 from .registry import METHODS
-from .version import __version__
 
 DEFAULT_LENGTHS = (256, 512, 1024)
-DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 def _scalar(text: str) -> Any:
@@ -91,7 +91,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
 
         return run_retrieval_command(args)
     check_output_dir(args.out)  # a file there fails now, not after the scoring
-    depths = args.passkey_depths or DEFAULT_DEPTHS
+    depths = args.passkey_depths or DEPTHS
     results = evaluate(
         _short_names(args.models),
         args.tokenizer,
@@ -250,7 +250,7 @@ class _Renamed(argparse.Action):
 
 
 def _renamed(parser: argparse.ArgumentParser, old: str, new: str) -> None:
-    parser.add_argument(old, action=_Renamed, message=f"{old} was renamed {new} in posswap {__version__}; use {new}.")
+    parser.add_argument(old, action=_Renamed, message=f"{old} was renamed {new} in posswap {RENAMED_IN}; use {new}.")
 
 
 def _items(kind: Callable[[str], Any], flag: str) -> Callable[[str], Any]:
@@ -321,8 +321,9 @@ def _add_patch(commands) -> None:
         help="Replace --out if it is a model folder (holds config.json) written earlier.",
     )
     _method_options(p)
-    _renamed(p, "--base", "--theta")
-    _renamed(p, "--scaling", "--rope-type")
+    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+    for old, new in {old: new for renames in RENAMED_KEYS.values() for old, new in renames.items()}.items():
+        _renamed(p, flag(old), flag(new))  # the config keys renamed since 0.x: their flags say the new name
     p.set_defaults(run=_cmd_patch)
 
 
@@ -368,7 +369,7 @@ def _add_eval(commands) -> None:
         "--passkey-depths",
         float,
         metavar="DEPTH",
-        help=f"Depths of the key, 0 to 1 (default {' '.join(map(str, DEFAULT_DEPTHS))}).",
+        help=f"Depths of the key, 0 to 1 (default {' '.join(map(str, DEPTHS))}).",
     )
     e.add_argument("--seed", type=int, default=0, help="Seed of the masks and keys (the same for every model).")
     e.add_argument(

@@ -17,8 +17,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from .portable.posswap_block import RENAMED_KEYS
-from .version import __version__
+from .portable.posswap_block import RENAMED_IN, RENAMED_KEYS
 
 
 @dataclass
@@ -122,7 +121,7 @@ def check_renamed(method: str, keys) -> None:
     for key in keys:
         new = RENAMED_KEYS.get(method, {}).get(key)
         if new is not None:
-            raise ValueError(f"'{key}' was renamed '{new}' in posswap {__version__}; use {new}.")
+            raise ValueError(f"'{key}' was renamed '{new}' in posswap {RENAMED_IN}; use {new}.")
 
 
 _SHOWN = reprlib.Repr()

@@ -130,8 +130,9 @@ def test_the_site_hooks_fill_options_from_the_config_help():
         assert f"| `{field}` |" in table and help_text in table
     assert table.endswith("y `<!-- posswap:options No -->`")  # a marker inside a line is text, not a directive
     assert "usage: posswap patch" in hooks.cli_help("patch")
-    with pytest.raises(ValueError, match="no config dataclass"):
-        hooks.options_table("patch")
+    for name in ("patch", "posswap.no_such_module.X"):
+        with pytest.raises(ValueError, match="no config dataclass"):
+            hooks.options_table(name)
     # mkdocstrings prints a docstring's Sphinx role as text before the code: the page shows only the code
     html = "see :func:<code>posswap.patch</code> and :class:<code>X</code>; a:b:<code>c</code> stays"
     assert (

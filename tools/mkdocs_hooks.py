@@ -35,7 +35,10 @@ def options_table(name: str) -> str:
     import posswap
 
     module, _, attribute = name.rpartition(".")
-    config = getattr(importlib.import_module(module) if module else posswap, attribute, None)
+    try:
+        config = getattr(importlib.import_module(module) if module else posswap, attribute, None)
+    except ImportError:  # a dotted path to no module: the same one-line error as a missing name
+        config = None
     if config is None or not dataclasses.is_dataclass(config):
         raise ValueError(f"posswap:options {name}: posswap has no config dataclass of that name.")
     rows = ["| option | type | default | what it does |", "| --- | --- | --- | --- |"]
@@ -56,14 +59,22 @@ def cli_help(command: str | None) -> str:
     """``posswap [COMMAND] --help`` as argparse prints it, at a fixed width so the page does not depend on a terminal."""
     from posswap.cli import build_parser
 
-    os.environ["COLUMNS"] = "110"
     parser = build_parser()
     if command is not None:
         commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         if command not in commands.choices:
             raise ValueError(f"posswap:cli {command}: posswap has no such command ({', '.join(commands.choices)}).")
         parser = commands.choices[command]
-    return "```text\n" + parser.format_help().rstrip() + "\n```"
+    previous = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "110"  # argparse reads the width when it formats; put back for the rest of mkdocs
+    try:
+        text = parser.format_help().rstrip()
+    finally:
+        if previous is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = previous
+    return "```text\n" + text + "\n```"
 
 
 def include(name: str) -> str:

@@ -126,6 +126,7 @@ METHODS = tuple(_KEYS)
 # Keys renamed since a block was first written: method -> {old: new}. Blocks in folders saved by an older posswap
 # are read with the new names (migrate_block); a user's recipe or flag with an old name is refused, naming the new one.
 RENAMED_KEYS = {"rope": {"scaling": "rope_type"}, "sinusoidal": {"base": "theta"}}
+RENAMED_IN = "0.1.0"  # the release that renamed them (messages name it; the version moves on)
 
 
 def migrate_block(block: Any) -> Any:
