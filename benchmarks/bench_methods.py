@@ -103,18 +103,14 @@ class PeakRss:
 def patch_config(variant: str, length: int):
     import posswap
 
-    rope_type = {"rope_type": "yarn"}  # issue 24's name; older posswap: scaling
-    if "rope_type" not in posswap.RopeConfig.__dataclass_fields__:
-        rope_type = {"scaling": "yarn"}
-    nope = getattr(posswap, "NopeConfig", None) or posswap.NoPEConfig
     factories = {
         "copy": lambda: posswap.InterpolateConfig(max_length=length, mode="copy"),
         "rope": lambda: posswap.RopeConfig(max_length=length),
-        "rope-yarn": lambda: posswap.RopeConfig(max_length=length, factor=4.0, **rope_type),
+        "rope-yarn": lambda: posswap.RopeConfig(max_length=length, rope_type="yarn", factor=4.0),
         "alibi-sdpa": lambda: posswap.AlibiConfig(max_length=length, backend="sdpa"),
         "alibi-flex": lambda: posswap.AlibiConfig(max_length=length, backend="flex"),
         "sinusoidal": lambda: posswap.SinusoidalConfig(max_length=length),
-        "nope": lambda: nope(max_length=length),
+        "nope": lambda: posswap.NopeConfig(max_length=length),
         "t5-bias": lambda: posswap.T5BiasConfig(max_length=length, backend="sdpa"),
         "tupe": lambda: posswap.TupeConfig(max_length=length, backend="sdpa"),
         "tupe-r": lambda: posswap.TupeConfig(max_length=length, backend="sdpa", relative=True),

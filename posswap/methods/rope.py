@@ -80,4 +80,4 @@ def apply(model: nn.Module, sites: Sites, config: RopeConfig) -> None:
 
 
 # rope-yarn: YaRN stretched by the study's extension (4x).
-register_method(RopeConfig, check, apply, variants={"rope": {}, "rope-yarn": {"rope_type": "yarn", "factor": 4.0}})
+register_method(RopeConfig, check, apply, variants={"rope": {}, "rope-yarn": {"rope_type": "yarn"}})

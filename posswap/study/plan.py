@@ -38,6 +38,8 @@ def variant_patch(name: str, length: int) -> dict:
         raise ValueError(f"Unknown study variant {name!r}; choose from {', '.join(table)}.")
     spec, keys = table[name]
     reach = EXTEND if spec.extends_table else 2 * EXTEND
+    if keys.get("rope_type") and "factor" not in keys:  # RoPE's frequencies scaled for the trained length
+        keys = {**keys, "factor": float(EXTEND)}
     return {"method": spec.name, **keys, "max_length": reach * length}
 
 
