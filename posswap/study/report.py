@@ -3,6 +3,7 @@ and probe plots, from the saved results only."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from ..evaluation import Results
 from ..evaluation.harness import paired_gap
 from ..evaluation.plots import plt, save_figure
 from .plan import EXTEND
-from .scoring import BASELINE, ORIGINAL, OTHER_MASKS, SLIDING, loss_metric
+from .scoring import BASELINE, ORIGINAL, OTHER_MASKS, SLIDING, load_sets, loss_metric
 
 NAMES = {"gpt2": "Reference GPT-2", "minilm": "MiniLM (all-MiniLM-L6-v2 + MLM head)"}
 SETS = {
@@ -287,3 +288,15 @@ def probe_plot(probe: dict, path: Path) -> Path:
     from ..evaluation.plots import plot_repeat
 
     return plot_repeat(probe["models"], probe["length"], Path(path))
+
+
+def saved_summary(spec, results_root: Path) -> tuple[str, dict, dict | None]:
+    """:func:`base_summary` of ``spec``'s phase from the files its run saved under ``results_root`` (the quick
+    phase's step-0 scores where present), with the crossover curves and the probe (None without one) it read."""
+    folder = Path(results_root) / spec.name / spec.phase
+    quick = Path(results_root) / spec.name / "quick" / "step0"
+    step0 = load_sets(spec, quick) if quick.is_dir() else None
+    curves = json.loads((folder / "curves.json").read_text())
+    probe = json.loads((folder / "probe.json").read_text()) if (folder / "probe.json").is_file() else None
+    text = base_summary(spec, step0, load_sets(spec, folder / "trained"), curves, probe, causal=spec.name == "gpt2")
+    return text, curves, probe

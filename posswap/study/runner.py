@@ -24,7 +24,7 @@ from ..evaluation.plots import write_plots
 from ..files import remove_model_folder
 from ..portable.posswap_block import migrate_block
 from .plan import EXTEND, LONG_VARIANTS, BaseSpec, Budget, variant_patch
-from .report import base_summary, curve_plot, probe_plot
+from .report import curve_plot, probe_plot, saved_summary
 from .scoring import BASELINE, ORIGINAL, Scorer, load_sets, loss_metric, save_sets, set_name, write_json
 
 __all__ = ["BASELINE", "ORIGINAL", "CurveRecorder", "Study", "hardware"]
@@ -351,15 +351,10 @@ class Study:
             raise ValueError(
                 f"No finished {spec.phase} study of {spec.name} in {out}: run posswap study --phase {spec.phase} without --report-only first."
             )
-        quick = self.out / spec.name / "quick"
-        step0 = load_sets(spec, quick / "step0") if (quick / "step0").exists() else None
-        after = load_sets(spec, out / "trained")
-        curve_data = json.loads((out / "curves.json").read_text())
-        probe = json.loads((out / "probe.json").read_text()) if (out / "probe.json").exists() else None
+        summary, curve_data, probe = saved_summary(spec, self.out)
         curve_plot(curve_data, out / "crossover.png")
         if probe is not None:
             probe_plot(probe, out / "probe.png")
-        summary = base_summary(spec, step0, after, curve_data, probe, causal=spec.name == "gpt2")
         (out / "summary.md").write_text(summary + "\n")
         return {"spec": asdict(spec), "summary": summary}
 
