@@ -7,6 +7,9 @@ Documents: ``--docs`` windows of 2040 word pieces (4 x 510) from *Persuasion* (t
 Variants, each ``SentenceTransformer.encode`` over every document:
   stock-512    the shipped model (max_seq_length 512) on each document's four 510-piece windows, the document's
                embedding the mean of its pieces' (the usual way to embed a long document with a 512 model)
+  stock-256    the shipped model at its own setting (max_seq_length 256) on 254-piece windows (9 per document):
+               the chunk-mean / chunk-max baselines of the retrieval evaluation
+  alibi-2048-late  the alibi-2048 pass, its token outputs pooled per 256 tokens (posswap.late_chunks): 8 vectors
   alibi-2048   posswap.patch(st, AlibiConfig(max_length=2048)): the whole document at once; on CPU without
                gradients the blocked bias path (no (heads, n, n) bias)
   alibi-2048-dense  the same with the dense (heads, n, n) bias forced (the path before the blocked one)
@@ -29,12 +32,14 @@ from pathlib import Path
 
 from bench_methods import PeakRss  # this folder is on sys.path when the script runs
 
-DOC_TOKENS, PIECE_TOKENS = 2040, 510
-VARIANTS = ("stock-512", "alibi-2048", "alibi-2048-dense", "copy-2048")
+DOC_TOKENS = 2040
+PIECES = {"stock-512": 510, "stock-256": 254}  # word pieces per chunk: the limit less [CLS] and [SEP]
+LATE_CHUNK = 256
+VARIANTS = ("stock-512", "stock-256", "alibi-2048", "alibi-2048-dense", "alibi-2048-late", "copy-2048")
 
 
-def documents(tokenizer, count: int) -> tuple[list[str], list[list[str]]]:
-    """``count`` documents of DOC_TOKENS word pieces as text, and each one's PIECE_TOKENS pieces as text."""
+def documents(tokenizer, count: int, piece: int) -> tuple[list[str], list[list[str]]]:
+    """``count`` documents of DOC_TOKENS word pieces as text, and each one's ``piece``-token pieces as text."""
     from posswap.data import read_document
 
     ids = tokenizer(read_document("persuasion"), add_special_tokens=False)["input_ids"]
@@ -44,7 +49,7 @@ def documents(tokenizer, count: int) -> tuple[list[str], list[list[str]]]:
     for d in range(count):
         window = ids[d * DOC_TOKENS : (d + 1) * DOC_TOKENS]
         docs.append(tokenizer.decode(window))
-        pieces.append([tokenizer.decode(window[p : p + PIECE_TOKENS]) for p in range(0, DOC_TOKENS, PIECE_TOKENS)])
+        pieces.append([tokenizer.decode(window[p : p + piece]) for p in range(0, DOC_TOKENS, piece)])
     return docs, pieces
 
 
@@ -55,8 +60,8 @@ def load(variant: str):
     from posswap.loading import minilm_path
 
     model = SentenceTransformer(minilm_path(), device="cpu")
-    if variant == "stock-512":
-        model.max_seq_length = 512
+    if variant in PIECES:
+        model.max_seq_length = PIECES[variant] + 2
     elif variant.startswith("alibi"):
         posswap.patch(model, posswap.AlibiConfig(max_length=2048))
     else:
@@ -68,13 +73,15 @@ def encoder(variant: str, model, docs: list[str], pieces: list[list[str]]):
     """A function embedding every document once with ``variant``: (documents, dim)."""
     import torch
 
+    import posswap
     from posswap.portable import posswap_blocked
 
     def encode():
-        if variant == "stock-512":
+        if variant in PIECES:  # every chunk's vector: what a vector database stores
             flat = [piece for doc in pieces for piece in doc]
-            embedded = model.encode(flat, batch_size=8, convert_to_tensor=True)
-            return embedded.view(len(pieces), -1, embedded.shape[-1]).mean(dim=1)
+            return model.encode(flat, batch_size=4096 // PIECES[variant], convert_to_tensor=True)
+        if variant.endswith("-late"):
+            return posswap.late_chunks(model, docs, chunk_tokens=LATE_CHUNK, batch_size=2)
         saved = posswap_blocked.BLOCK_BYTES
         if variant.endswith("-dense"):
             posswap_blocked.BLOCK_BYTES = 2**62
@@ -90,18 +97,32 @@ def encoder(variant: str, model, docs: list[str], pieces: list[list[str]]):
     return run
 
 
-def tokens_read(model, variant: str, docs: list[str], pieces: list[list[str]]) -> int:
+def tokens_read(model, variant: str, docs: list[str], pieces: dict[str, list[list[str]]]) -> int:
     """Word pieces each variant's tokenizer actually feeds the model (specials excluded), after truncation."""
     tokenizer, limit = model.tokenizer, model.max_seq_length
-    texts = [p for doc in pieces for p in doc] if variant == "stock-512" else docs
+    texts = [p for doc in pieces[variant] for p in doc] if variant in PIECES else docs
     lengths = tokenizer(texts, truncation=True, max_length=limit)["input_ids"]
     return sum(len(ids) - 2 for ids in lengths)
 
 
+def vectors_per_document(variant: str, pieces: dict, model, docs: list[str]) -> float:
+    """What a vector database stores per document: one vector, or one per chunk."""
+    if variant in PIECES:
+        return sum(map(len, pieces[variant])) / len(pieces[variant])
+    if variant.endswith("-late"):
+        counts = [
+            len(ids) for ids in model.tokenizer(docs, truncation=True, max_length=model.max_seq_length)["input_ids"]
+        ]
+        return sum(-(-n // LATE_CHUNK) for n in counts) / len(counts)
+    return 1.0
+
+
 def measure(variants: list[str], count: int, repeats: int) -> dict:
     models = {v: load(v) for v in variants}
-    docs, pieces = documents(models[variants[0]].tokenizer, count)
-    runs = {v: encoder(v, models[v], docs, pieces) for v in variants}
+    tokenizer = models[variants[0]].tokenizer
+    pieces = {v: documents(tokenizer, count, PIECES[v])[1] for v in variants if v in PIECES}
+    docs = documents(tokenizer, count, DOC_TOKENS)[0]
+    runs = {v: encoder(v, models[v], docs, pieces.get(v)) for v in variants}
     for v in variants:
         runs[v]()  # warm-up
     times, peaks = {v: [] for v in variants}, {v: [] for v in variants}
@@ -120,6 +141,7 @@ def measure(variants: list[str], count: int, repeats: int) -> dict:
             "peak": statistics.median(peaks[v]),
             "tokens_per_s": words / statistics.median(times[v]),
             "tokens_read": tokens_read(models[v], v, docs, pieces),
+            "vectors_per_document": vectors_per_document(v, pieces, models[v], docs),
         }
         for v in variants
     }
@@ -146,8 +168,8 @@ def main() -> None:
     results = measure(variants, args.docs, args.repeats)
     stock = results.get("stock-512")
     print(f"\nall-MiniLM-L6-v2, {args.docs} documents of {DOC_TOKENS} word pieces, CPU, median of {args.repeats}")
-    print("| variant | tokens/s | time s | peak MiB | time / stock-512 | same rounds | memory / stock-512 |")
-    print("|---|---|---|---|---|---|---|")
+    print("| variant | tokens/s | time s | peak MiB | time / stock-512 | same rounds | memory / stock-512 | vectors |")
+    print("|---|---|---|---|---|---|---|---|")
     for v, r in results.items():
         if stock:
             r["time_vs_stock"] = r["time"] / stock["time"]
@@ -156,7 +178,10 @@ def main() -> None:
             r["memory_vs_stock"] = r["peak"] / stock["peak"] if stock["peak"] > 0 else None
         ratio = f"{r['time_vs_stock']:.2f} | {r['time_vs_stock_paired']:.2f}" if stock else "- | -"
         memory = f"{r['memory_vs_stock']:.2f}" if stock and r["memory_vs_stock"] is not None else "-"
-        print(f"| {v} | {r['tokens_per_s']:,.0f} | {r['time']:.2f} | {r['peak'] / 2**20:.1f} | {ratio} | {memory} |")
+        print(
+            f"| {v} | {r['tokens_per_s']:,.0f} | {r['time']:.2f} | {r['peak'] / 2**20:.1f} | {ratio} | {memory} "
+            f"| {r['vectors_per_document']:g} |"
+        )
     if args.out:
         record = {
             "command": "python benchmarks/bench_embeddings.py " + " ".join(sys.argv[1:]),

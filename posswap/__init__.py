@@ -4,6 +4,7 @@ reaches further (an extended table, RoPE, ALiBi, a fixed sinusoid, or none), the
 from . import methods  # noqa: F401  (registers every method)
 from .config import PositionConfig, config_from_dict
 from .evaluation import Results, evaluate
+from .evaluation.chunking import late_chunks
 from .export import export
 from .hub import model_card, push_to_hub
 from .loading import from_pretrained
@@ -34,6 +35,7 @@ __all__ = [
     "evaluate",
     "export",
     "from_pretrained",
+    "late_chunks",
     "load_recipe",
     "model_card",
     "patch",

@@ -107,7 +107,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         device=args.device,
     )
     print(results.table())
-    print(f"Wrote {args.out}/results.json and the plots.")
+    print(f"Wrote {Path(args.out) / 'results.json'} and the plots.")
 
 
 def _cmd_push(args: argparse.Namespace) -> None:
@@ -375,6 +375,11 @@ def _add_eval(commands) -> None:
     e.add_argument(
         "--device", default=None, help="Where the models run: cpu, cuda, cuda:N (default: cuda if available, else cpu)."
     )
+    _add_retrieval_flags(e)
+    e.set_defaults(run=_cmd_eval)
+
+
+def _add_retrieval_flags(e) -> None:
     e.add_argument(
         "--task",
         choices=("text", "passkey-retrieval", "needle-retrieval"),
@@ -384,7 +389,19 @@ def _add_eval(commands) -> None:
     )
     e.add_argument("--documents", type=int, default=100, help="Retrieval: documents per length (default 100).")
     e.add_argument("--batch-size", type=int, default=8, help="Retrieval: texts encoded at once (default 8).")
-    e.set_defaults(run=_cmd_eval)
+    _list_flag(
+        e,
+        "--baselines",
+        metavar="BASELINE",
+        help="Retrieval: chunk-mean, chunk-max (the first MODEL over chunks of its own limit), late-chunk-max (each "
+        "longer MODEL, late chunking at that size): extra columns.",
+    )
+    e.add_argument(
+        "--haystack",
+        default=None,
+        help="Retrieval: the text the needle hides in: filler, or an embedded document such as persuasion or kjv "
+        "(default: filler for passkey, persuasion for needle).",
+    )
 
 
 def _add_train(commands) -> None:

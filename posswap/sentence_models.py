@@ -21,10 +21,14 @@ import inspect
 import json
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from torch import nn
+
+from .portable.posswap_guard import LengthGuard
+from .portable.posswap_hooks import find_hooks
 
 INSTALL = "pip install 'posswap[st]'"
 # Keywords of posswap.from_pretrained that locate files; the transformer inside the folder is read with them too.
@@ -52,6 +56,26 @@ def transformer_module(model: nn.Module) -> nn.Module:
     )
 
 
+class GuardFeatures:
+    """Forward pre-hook on a sentence-transformers ``Transformer`` module: sentence-transformers 6 calls its
+    transformers model's ``forward`` itself, past the model's hooks, so a stock class patched in memory (whose
+    ``forward`` posswap does not own) would read any length with no word. This runs the model's length guard on
+    the features first. An object, not a closure: deepcopy and pickling carry it."""
+
+    def __call__(self, module: nn.Module, args: tuple) -> None:
+        features = args[0] if args and isinstance(args[0], Mapping) else {}  # a dict, or a BatchEncoding
+        inputs = {k: features[k] for k in ("input_ids", "inputs_embeds", "position_ids") if k in features}
+        base = module.auto_model
+        for guard in find_hooks(base, LengthGuard):
+            guard(base, (), inputs)
+
+
+def guard_transformer_module(module: nn.Module) -> None:
+    """Idempotent: one :class:`GuardFeatures` per module."""
+    if not find_hooks(module, GuardFeatures):
+        module.register_forward_pre_hook(GuardFeatures())
+
+
 def patch_sentence_transformer(model: nn.Module, config: Any, tokenizer: Any = None) -> nn.Module:
     """:func:`posswap.patch` for a sentence-transformers model: its transformer is patched (every check before
     any change), then ``max_seq_length`` and the tokenizer's ``model_max_length`` become the new length."""
@@ -61,6 +85,7 @@ def patch_sentence_transformer(model: nn.Module, config: Any, tokenizer: Any = N
     own_tokenizer = getattr(module, "tokenizer", None)
     patch(module.auto_model, config, tokenizer=tokenizer)  # raises before changing anything
     block = getattr(module.auto_model.config, CONFIG_KEY)
+    guard_transformer_module(module)
     module.max_seq_length = block["max_length"]  # sentence-transformers 6: the tokenizer's limit; 5: its own setting
     if own_tokenizer is not None:
         own_tokenizer.model_max_length = block["max_length"]
@@ -144,8 +169,10 @@ def load_sentence_transformer(name_or_path: str, **kwargs: Any) -> nn.Module | N
     if model_kwargs:
         st_kwargs["model_kwargs"] = model_kwargs
     config = _read_json(name_or_path, str(Path(subfolder) / "config.json"), kwargs)
+    check_modules(name_or_path, subfolder, config, kwargs)
     if not isinstance(config, dict) or CONFIG_KEY not in config:
         return cls(name_or_path, **st_kwargs)  # a stock model: nothing of posswap's to check or install
+    check_max_seq_length(name_or_path, subfolder, config[CONFIG_KEY], kwargs)
 
     # The transformer through posswap's loader first: a damaged folder fails with posswap's message.
     hub = {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs}
@@ -157,6 +184,41 @@ def load_sentence_transformer(name_or_path: str, **kwargs: Any) -> nn.Module | N
     model = cls(name_or_path, **st_kwargs)
     replace_transformer(transformer_module(model), patched)
     return model
+
+
+def check_modules(name_or_path: str, subfolder: str, config: Any, kwargs: dict) -> None:
+    """The pooling modules that modules.json lists have their config, of the transformer's width: sentence-transformers
+    itself would fail naming no file (a missing one) or load with no word (a width that disagrees)."""
+    width = config.get("hidden_size", config.get("n_embd", config.get("d_model"))) if isinstance(config, dict) else None
+    for entry in _read_json(name_or_path, "modules.json", kwargs) or []:
+        if not (isinstance(entry, dict) and str(entry.get("type", "")).endswith(".Pooling")):
+            continue
+        path = str(Path(str(entry.get("path") or "")) / "config.json")
+        pooling = _read_json(name_or_path, path, kwargs)
+        if not isinstance(pooling, dict):
+            raise ValueError(
+                f"{name_or_path}: {path} is missing, and modules.json lists a Pooling module there: put back the file "
+                "sentence-transformers wrote (embedding_dimension, pooling_mode), or drop the module from modules.json."
+            )
+        dimension = pooling.get("embedding_dimension", pooling.get("word_embedding_dimension"))
+        if width is not None and dimension != width:
+            raise ValueError(
+                f"{name_or_path}: {path} says embedding_dimension {dimension} but the transformer ({subfolder or '.'}"
+                f"/config.json) gives vectors of {width}: set it to {width}."
+            )
+
+
+def check_max_seq_length(name_or_path: str, subfolder: str, block: dict, kwargs: dict) -> None:
+    """sentence-transformers truncates at sentence_bert_config.json's max_seq_length, not at the model's limit: one
+    above the posswap block's max_length would hand the model inputs it does not read."""
+    path = str(Path(subfolder) / "sentence_bert_config.json")
+    length = (_read_json(name_or_path, path, kwargs) or {}).get("max_seq_length")
+    limit = block.get("max_length")
+    if isinstance(length, int) and isinstance(limit, int) and length > limit:
+        raise ValueError(
+            f"{name_or_path}: {path} says max_seq_length {length} but this model reads at most {limit} tokens (its "
+            f"posswap block's max_length): set max_seq_length to {limit} or less."
+        )
 
 
 def _model_class(st, name_or_path: str, kwargs: dict) -> type:
@@ -184,6 +246,7 @@ def replace_transformer(module: nn.Module, model: nn.Module) -> None:
         model.config.use_cache = old.config.use_cache
     model.train(old.training)
     setattr(module, attribute, model)
+    guard_transformer_module(module)
 
 
 def save(model: nn.Module, folder: str | os.PathLike, card: bool = True) -> None:

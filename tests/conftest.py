@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -183,6 +186,23 @@ WITHOUT_POSSWAP = textwrap.dedent("""
                 raise ImportError("posswap is not installed here")
     sys.meta_path.insert(0, NoPosswap())
 """)
+
+
+def run_without_posswap(script: str, *args: str, modules: Path | None = None, env: dict | None = None) -> str:
+    """``script`` (after WITHOUT_POSSWAP) in a fresh interpreter where posswap cannot be imported, offline; its
+    stdout. ``modules``: transformers' cache of remote code, kept beside the test's folders, not in the user's."""
+    extra = {"HF_MODULES_CACHE": str(modules)} if modules is not None else {}
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_POSSWAP + script, *args],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **extra, **(env or {})},
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
 
 # Training text for the tiny test runs: the opening of Emma (an embedded training document), the size the README once
 # was four times over (324k characters), so editing the README never changes test data.

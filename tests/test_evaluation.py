@@ -390,3 +390,11 @@ def test_device_cpu_works_and_a_bad_device_is_a_clear_error(tiny_gpt2, gpt2_toke
     assert main(argv + ["--device", "cpu"]) == 0
     assert main(argv + ["--device", "gpu"]) == 2
     assert "device 'gpu' cannot be used here" in capsys.readouterr().err
+
+
+def test_model_names_that_differ_only_in_what_a_file_name_drops_write_different_plots():
+    from posswap.evaluation.plots import slug
+
+    names = ["a b", "a_b", "modèle", "modéle", "tiny"]
+    assert len({slug(n) for n in names}) == len(names)
+    assert slug("tiny") == "tiny"  # a name that is already a file name stays as it is

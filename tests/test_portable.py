@@ -11,14 +11,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import WITHOUT_POSSWAP, make_model, sharpen_qk
+from conftest import make_model, run_without_posswap, sharpen_qk
 from safetensors.torch import load_file
 
 import posswap
@@ -126,7 +124,7 @@ CASES = {
 }
 
 # Runs with posswap unimportable: load each folder with trust_remote_code, write logits and generations.
-LOADER = WITHOUT_POSSWAP + textwrap.dedent("""
+LOADER = textwrap.dedent("""
     import json, sys
     import torch, transformers
     from safetensors.torch import save_file
@@ -179,18 +177,9 @@ def reference(model, auto: str, ids, mask) -> dict:
 
 
 def load_without_posswap(jobs: list[dict], env: dict | None = None) -> list[dict]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     exchange = Path(jobs[0]["out"]).with_suffix(".jobs.json")
     exchange.write_text(json.dumps(jobs))
-    done = subprocess.run(
-        [sys.executable, "-c", LOADER, str(exchange)],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        env=env,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_without_posswap(LOADER, str(exchange), env=env)
     return json.loads(exchange.read_text())
 
 

@@ -24,7 +24,7 @@ import huggingface_hub
 import pytest
 import torch
 import transformers
-from conftest import WITHOUT_POSSWAP, assert_untouched, sharpen_qk, snapshot
+from conftest import assert_untouched, run_without_posswap, sharpen_qk, snapshot
 from safetensors.torch import load_file
 from test_common import FACTORIES
 
@@ -58,7 +58,7 @@ TINY = {f"tiny-bert-{m}": ("bert", factory(TINY_NEW)) for m, factory in FACTORIE
 }
 
 # Runs where posswap cannot be imported: each folder loaded plainly, then with trust_remote_code.
-LOADER = WITHOUT_POSSWAP + textwrap.dedent("""
+LOADER = textwrap.dedent("""
     import json, sys
     import torch
     from safetensors.torch import save_file
@@ -84,17 +84,7 @@ LOADER = WITHOUT_POSSWAP + textwrap.dedent("""
 def load_without_posswap(jobs: list[dict]) -> dict[str, dict]:
     exchange = Path(jobs[0]["out"]).with_suffix(".jobs.json")
     exchange.write_text(json.dumps(jobs))
-    # The bundle is cached beside the folders, not in the user's cache.
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(exchange.parent / "modules")}
-    done = subprocess.run(
-        [sys.executable, "-c", LOADER, str(exchange)],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        env=env,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_without_posswap(LOADER, str(exchange), modules=exchange.parent / "modules")
     return {job["name"]: job for job in json.loads(exchange.read_text())}
 
 

@@ -5,8 +5,8 @@
     python tools/readme_embeddings.py --check README.md docs/embeddings.md   # exit 1 when a block differs
 
 A generated block sits between ``<!-- posswap:embeddings-NAME -->`` and ``<!-- /posswap:embeddings-NAME -->``
-(NAME: ``passkey``, ``needle``, ``speed``, and ``passkey-summary``: the passkey table with the verdict on the
-recipe's runs only, for the README); ``--write`` replaces what is between them and nothing else.
+(NAME: ``passkey``, ``needle``, ``speed``, ``passkey-chunking`` and ``needle-chunking`` (chunk baselines and late
+chunks), and ``passkey-summary``: the passkey table with the verdict on the recipe's runs only, for the README); ``--write`` replaces what is between them and nothing else.
 
 Reads ``<results>/untrained/retrieval.json`` (stock MiniLM and each extension untrained),
 ``<results>/trained/stride-untrained/retrieval.json`` (the stride placement, untrained) and
@@ -37,6 +37,9 @@ UNTRAINED = ("untrained/{task}", "trained/stride-untrained")
 TRAINED = ("trained-stride", "trained")  # then any other trained-* run, by name
 # The runs of the recipe as shipped (stride init; trained/ holds the copy init it had first): the README's verdict.
 RECIPE_RUN = "trained-stride"
+# The stock model's chunk baselines (posswap eval posswap:minilm --baselines chunk-mean chunk-max), and the long
+# models with their late chunks (--baselines late-chunk-max), on the same documents.
+CHUNKING = ("baselines/{task}", "late-chunks/{task}")
 STOCK = "minilm-512"  # the stock weights reading 512 tokens (the shipped folder says 256: minilm)
 
 
@@ -51,7 +54,12 @@ def merged(untrained: dict, trained: dict) -> dict:
             raise SystemExit(f"readme_embeddings: the two files differ in {key}: {untrained[key]} vs {trained[key]}.")
     if untrained["settings"].get("fingerprints") != trained["settings"].get("fingerprints"):
         raise SystemExit("readme_embeddings: the two files scored different documents (fingerprints differ).")
-    same = sorted(set(untrained["models"]) & set(trained["models"]))
+    # A model both files scored alike (the stock model beside its chunk baselines) is one column.
+    same = sorted(
+        name
+        for name in set(untrained["models"]) & set(trained["models"])
+        if untrained["models"][name] != trained["models"][name]
+    )
     if same:  # one column would silently replace the other
         raise SystemExit(f"readme_embeddings: two results files both name a model {same[0]!r}; rename one.")
     return {**untrained, "models": {**untrained["models"], **trained["models"]}}
@@ -224,8 +232,40 @@ def speed_block(root: Path) -> list[str]:
     return [*lines, "", "Each run's command (`results/speed/`): " + "; ".join(f"`{c}`" for c in commands) + "."]
 
 
+def chunking_block(root: Path, task: str) -> list[str]:
+    """The stock model's chunk baselines beside the long models' one vector and their late chunks, then per length
+    which wins: one vector, the stock model's best chunk, or the long model's best late chunk."""
+    folders = [root / f.format(task=task) for f in CHUNKING]
+    missing = [str(f) for f in folders if not (f / "retrieval.json").is_file()]
+    if missing:
+        raise SystemExit(f"readme_embeddings: no {task} results in {', '.join(missing)}; run the evaluation first.")
+    results = merged(load(folders[0]), load(folders[1]))
+    models = results["models"]
+    lines = table(results) + [
+        "",
+        f"{task} retrieval, accuracy at 1 ± standard error, {results['documents']} documents per length (chance "
+        f"{1 / results['documents']:.2f}), seed {results['seed']}. `@256`: chunks of 256 tokens, the stock model's "
+        "limit; chunk-mean keeps one vector per document (the mean of its chunks'), chunk-max and late-chunk-max one "
+        "per chunk (a document scores its best chunk).",
+        "",
+    ]
+    single = [n for n in models if "@" not in n]
+    for i, length in enumerate(results["lengths"]):
+        best = max(single, key=lambda n: models[n]["accuracy"][i])
+        cells = [f"one vector: {best} {models[best]['accuracy'][i]:.2f}"]
+        cells += [f"{n} {models[n]['accuracy'][i]:.2f}" for n in models if "chunk-max@" in n]
+        lines.append(f"- {length} tokens: " + "; ".join(cells) + ".")
+    return lines
+
+
 def blocks(results: Path, speed: Path) -> dict[str, list[str]]:
+    chunking = {
+        f"{task}-chunking": chunking_block(results, task)
+        for task in ("passkey", "needle")
+        if all((results / f.format(task=task)).is_dir() for f in CHUNKING)
+    }
     return {
+        **chunking,
         "passkey": retrieval_block(results, "passkey"),
         "passkey-summary": retrieval_block(results, "passkey", summary=True),
         "needle": retrieval_block(results, "needle"),

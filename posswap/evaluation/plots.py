@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 
@@ -20,7 +21,10 @@ MAX_SIMILARITY_POINTS = 512  # positions drawn per axis: a 4096 x 4096 image say
 
 
 def slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "model"
+    """A file-name part for a model's name; a name that had to change gets a short hash of itself, so two names
+    ("a b" and "a_b", "modèle" and "mod_le") never write the same file."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "model"
+    return safe if safe == name else f"{safe}-{hashlib.sha1(name.encode()).hexdigest()[:6]}"
 
 
 def save_figure(figure, path: Path) -> Path:

@@ -26,13 +26,26 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .retrieval_tasks import DEFAULT_HAYSTACK, TASKS, RetrievalTask, build_task, max_documents, needles_and_queries
+from .chunking import BASELINES, best_chunk_scores, chunk_vectors, late_chunks, mean_vector
+from .retrieval_tasks import (
+    DEFAULT_HAYSTACK,
+    TASKS,
+    RetrievalTask,
+    build_task,
+    haystack_tokens,
+    max_documents,
+    needles_and_queries,
+)
 from .retrieval_tasks import shortest_length as _shortest_length
 
 DEFAULT_LENGTHS = (256, 512, 1024, 2048)
 DEFAULT_DOCUMENTS = 100  # LongEmbed's candidates per length
 DEPTH_BUCKETS = 5
 CLI_TASKS = {"passkey-retrieval": "passkey", "needle-retrieval": "needle"}
+# Tokens of text one evaluation builds and tokenizes (documents x lengths): about 160 MB of text, an hour of
+# encoding on a CPU. A length past a model's limit is legitimate (it is read truncated: how a stock model is
+# measured), so the cost, not the limit, bounds the lengths.
+MAX_TEXT_TOKENS = 1 << 25
 
 
 @dataclass
@@ -138,6 +151,12 @@ def check_retrieval_inputs(task: str, lengths, documents: int, batch_size: int, 
         )
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive whole number; got {batch_size!r}.")
+    if documents * sum(lengths) > MAX_TEXT_TOKENS:
+        raise ValueError(
+            f"lengths: {documents} documents at each of {', '.join(map(str, sorted(lengths)))} tokens are "
+            f"{documents * sum(lengths):,} tokens of text to build and encode, over the {MAX_TEXT_TOKENS:,} one "
+            "evaluation takes: give shorter lengths or fewer documents."
+        )
     if haystack is not None and haystack != "filler" and haystack not in corpus_files():
         raise ValueError(
             f"haystack must be 'filler' or an embedded document ({', '.join(corpus_files())}); got {haystack!r}."
@@ -172,6 +191,13 @@ def build_tasks(task: str, tokenizer, lengths, documents: int, seed: int, haysta
             f"lengths: {min(lengths)} tokens cannot hold the {task} needle and a haystack; the shortest length for "
             f"this tokenizer is {shortest}."
         )
+    available = haystack_tokens(tokenizer, haystack or DEFAULT_HAYSTACK[task])
+    if available is not None and max(lengths) > available:
+        raise ValueError(
+            f"lengths: {max(lengths)} tokens is longer than the {haystack or DEFAULT_HAYSTACK[task]} haystack "
+            f"({available} tokens of this tokenizer), whose text would repeat: give lengths up to {available}, or "
+            "a longer haystack."
+        )
     return [build_task(task, tokenizer, n, documents, seed, haystack, DEPTH_BUCKETS) for n in lengths]
 
 
@@ -185,12 +211,18 @@ def evaluate_retrieval(
     progress: bool = True,
     tokenizer: Any = None,
     haystack: str | None = None,
+    baselines=(),
 ) -> RetrievalResults:
     """Accuracy at 1 of each model (a ``SentenceTransformer``, or anything with its ``encode``) at each length.
 
     ``lengths`` are tokens of ``tokenizer`` (default: the first model's), special tokens counted; ``documents``
     per length are the candidates of each query and each answers one query. ``haystack`` replaces the task's
     own ('filler' for passkey, 'persuasion' for needle) with 'filler' or an embedded document.
+
+    ``baselines`` (of :data:`~posswap.evaluation.chunking.BASELINES`) add columns, with chunks of the first model's
+    limit (its ``max_seq_length``): ``chunk-mean`` and ``chunk-max`` of the first model (the stock one: every chunk
+    embedded alone; one mean vector, or a document scoring its best chunk), ``late-chunk-max`` of every other model
+    that reads further (:func:`posswap.late_chunks`; a document scores its best chunk).
     """
     lengths = check_retrieval_inputs(task, lengths, documents, batch_size, haystack)
     if not isinstance(models, dict) or not models:
@@ -198,15 +230,47 @@ def evaluate_retrieval(
     for name, model in models.items():
         if not callable(getattr(model, "encode", None)):
             raise ValueError(f"models[{name!r}] has no encode method; give a SentenceTransformer or an encoder.")
+    columns = baseline_columns(models, baselines)
     label = _tokenizer_label(models, tokenizer)
     tokenizer = load_tokenizer(models, tokenizer)
     tasks = build_tasks(task, tokenizer, lengths, documents, seed, haystack)
     results = RetrievalResults(task, lengths, documents, seed, DEPTH_BUCKETS, _settings(tasks, label, haystack))
-    steps = tqdm(total=len(models) * len(tasks), desc=f"{task} retrieval", disable=not progress)
+    steps = tqdm(total=(len(models) + len(columns)) * len(tasks), desc=f"{task} retrieval", disable=not progress)
     for name, model in models.items():
         results.models[name] = _evaluate_model(model, tasks, batch_size, steps, name)
+    for column, (name, kind, chunk) in columns.items():
+        results.models[column] = _evaluate_baseline(models[name], kind, chunk, tasks, batch_size, steps, column)
     steps.close()
     return results
+
+
+def check_baseline_names(baselines) -> None:
+    if isinstance(baselines, str) or any(b not in BASELINES for b in baselines) or len(set(baselines)) < len(baselines):
+        raise ValueError(f"baselines must be distinct names of {', '.join(BASELINES)}; got {list(baselines)!r}.")
+
+
+def baseline_columns(models: dict[str, Any], baselines) -> dict[str, tuple[str, str, int]]:
+    """Column name -> (model, baseline, chunk tokens), after one-line checks: ``minilm chunk-max@256``."""
+    check_baseline_names(baselines)
+    if not baselines:
+        return {}
+    first, stock = next(iter(models.items()))
+    chunk = getattr(stock, "max_seq_length", None)
+    if not isinstance(chunk, int) or getattr(stock, "tokenizer", None) is None:
+        raise ValueError(
+            f"baselines chunk documents at the first model's max_seq_length with its tokenizer, and {first} has "
+            "no such limit or tokenizer: put a sentence-transformers model first."
+        )
+    columns = {f"{first} {kind}@{chunk}": (first, kind, chunk) for kind in baselines if kind != "late-chunk-max"}
+    if "late-chunk-max" in baselines:
+        longer = [n for n, m in list(models.items())[1:] if (getattr(m, "max_seq_length", None) or 0) > chunk]
+        if not longer:
+            raise ValueError(
+                f"late-chunk-max needs a model that reads more than the first model's {chunk} tokens after it; "
+                "give a patched model too."
+            )
+        columns |= {f"{name} late-chunk-max@{chunk}": (name, "late-chunk-max", chunk) for name in longer}
+    return columns
 
 
 def _tokenizer_label(models: dict[str, Any], tokenizer: Any) -> str:
@@ -230,10 +294,35 @@ def _settings(tasks: list[RetrievalTask], tokenizer: str, haystack: str | None) 
 
 
 def _evaluate_model(model, tasks: list[RetrievalTask], batch_size: int, steps, name: str) -> ModelRetrieval:
-    result = ModelRetrieval(getattr(model, "max_seq_length", None), [], [], [], [])
+    def score(task: RetrievalTask) -> torch.Tensor:
+        queries, documents = _encode(model, task.queries, batch_size), _encode(model, task.documents, batch_size)
+        return F.normalize(queries, dim=-1) @ F.normalize(documents, dim=-1).T
+
+    return _scored(score, getattr(model, "max_seq_length", None), tasks, steps, name)
+
+
+def _evaluate_baseline(model, kind: str, chunk: int, tasks, batch_size: int, steps, name: str) -> ModelRetrieval:
+    """``kind`` of :data:`BASELINES` for ``model`` with chunks of ``chunk`` tokens."""
+
+    def score(task: RetrievalTask) -> torch.Tensor:
+        queries = _encode(model, task.queries, batch_size)
+        if kind == "late-chunk-max":
+            return best_chunk_scores(queries, late_chunks(model, task.documents, chunk, batch_size))
+        chunks = chunk_vectors(model, task.documents, chunk, batch_size)
+        if kind == "chunk-max":
+            return best_chunk_scores(queries, chunks)
+        documents = torch.stack([mean_vector(c) for c in chunks])
+        return F.normalize(queries, dim=-1) @ F.normalize(documents, dim=-1).T
+
+    limit = getattr(model, "max_seq_length", None) if kind == "late-chunk-max" else chunk
+    return _scored(score, limit, tasks, steps, name)
+
+
+def _scored(score, limit: int | None, tasks: list[RetrievalTask], steps, name: str) -> ModelRetrieval:
+    result = ModelRetrieval(limit, [], [], [], [])
     for task in tasks:
         steps.set_postfix_str(f"{name} at {task.length}")
-        hits = retrieval_hits(_encode(model, task.queries, batch_size), _encode(model, task.documents, batch_size))
+        hits = hits_from_scores(score(task))
         p = sum(hits) / len(hits)
         result.accuracy.append(p)
         result.stderr.append(math.sqrt(p * (1 - p) / len(hits)))
@@ -252,7 +341,11 @@ def _encode(model, texts: list[str], batch_size: int) -> torch.Tensor:
 def retrieval_hits(queries: torch.Tensor, documents: torch.Tensor) -> list[float]:
     """Per query ``i`` (answered by document ``i``): 1 when its document scores highest, ``1/k`` when it ties
     with ``k - 1`` others at the top, else 0. Scores are cosine similarities."""
-    scores = F.normalize(queries, dim=-1) @ F.normalize(documents, dim=-1).T
+    return hits_from_scores(F.normalize(queries, dim=-1) @ F.normalize(documents, dim=-1).T)
+
+
+def hits_from_scores(scores: torch.Tensor) -> list[float]:
+    """:func:`retrieval_hits` from a (queries, documents) score matrix."""
     top = scores.max(dim=1, keepdim=True).values
     tied = scores == top
     gold = tied[torch.arange(len(scores)), torch.arange(len(scores))]
@@ -276,12 +369,22 @@ def run_retrieval_command(args) -> None:
     task = CLI_TASKS[args.task]
     lengths = args.lengths or list(DEFAULT_LENGTHS)  # ints: the parser's list flag checked them
     documents, batch_size = args.documents, args.batch_size  # as given: a 0 is refused below, never replaced
-    check_retrieval_inputs(task, lengths, documents, batch_size, None)  # before any model loads
+    baselines = args.baselines or []
+    check_retrieval_inputs(task, lengths, documents, batch_size, args.haystack)  # before any model loads
+    check_baseline_names(baselines)
     check_output_dir(args.out)
     device = resolve_device(args.device)
     models = {name: load_embedding_model(source, device) for name, source in _short_names(args.models).items()}
     results = evaluate_retrieval(
-        models, task, lengths, documents, seed=args.seed, batch_size=batch_size, tokenizer=args.tokenizer
+        models,
+        task,
+        lengths,
+        documents,
+        seed=args.seed,
+        batch_size=batch_size,
+        tokenizer=args.tokenizer,
+        haystack=args.haystack,
+        baselines=baselines,
     )
     results.save(args.out)
     print(results.table())

@@ -188,6 +188,15 @@ def haystack_words(haystack: str) -> list[str]:
     return (FILLER if haystack == "filler" else read_document(haystack)).split()
 
 
+def haystack_tokens(tokenizer, haystack: str) -> int | None:
+    """Tokens of an embedded document as a haystack (None for the filler, which repeats by design)."""
+    if haystack == "filler":
+        return None
+    words = haystack_words(haystack)
+    counts = _word_counts(tokenizer, words)
+    return sum(counts[w] for w in words)
+
+
 def special_tokens(tokenizer) -> int:
     """Tokens the tokenizer adds to every text ([CLS] and [SEP] for BERT, none for GPT-2)."""
     return len(tokenizer("a")["input_ids"]) - len(tokenizer("a", add_special_tokens=False)["input_ids"])

@@ -23,6 +23,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, mo
 from .posswap_architectures import ARCHITECTURES
 from .posswap_block import weights_mismatch
 from .posswap_runtime import RUNTIME_METHODS, install_positions
+from .posswap_state import forward_through_hooks
 
 MODEL_TYPE_PREFIX = "posswap-"
 _MODULE = __name__.rsplit(".", 1)[-1]  # "modeling_posswap", in posswap and in a downloaded folder alike
@@ -126,5 +127,7 @@ for _model_type in ARCHITECTURES:
     )
     for _stock in _stock_heads(_model_type):
         MODEL_CLASSES[_stock.__name__] = _define(
-            posswap_name(_stock.__name__), (PosswapModelMixin, _stock), {"config_class": _config}
+            posswap_name(_stock.__name__),
+            (PosswapModelMixin, _stock),
+            {"config_class": _config, "forward": forward_through_hooks(_stock.forward)},
         )

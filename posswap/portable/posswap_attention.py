@@ -180,7 +180,13 @@ class KeepKeyPositions:
         state = kwargs.get(STATE_KWARG)
         if state is None or state.key_positions is None:
             return None
-        cache = next((c for c in (getattr(output, n, None) for n in CACHE_KWARGS) if c is not None), None)
+        # A ModelOutput is read as the plain dict of its set fields: its old-name accessors (``.past_key_values``,
+        # ``.get("past_key_values")``) log transformers 5.24's deprecation warning on a call that never named it.
+        if isinstance(output, dict):
+            found = (dict.get(output, n) for n in CACHE_KWARGS)
+        else:
+            found = (getattr(output, n, None) for n in CACHE_KWARGS)
+        cache = next((c for c in found if c is not None), None)
         if cache is None and isinstance(output, tuple):  # return_dict=False
             cache = next((item for item in output if isinstance(item, Cache)), None)
         if cache is not None:

@@ -18,6 +18,7 @@ from .posswap_block import check_block, describe, migrate_block
 from .posswap_files import install_atomic_save
 from .posswap_guard import install_length_guard
 from .posswap_rotary import install_rotary
+from .posswap_state import install_call_state
 from .posswap_t5 import T5Buckets
 from .posswap_tables import NoPositions, SinusoidalPositions
 from .posswap_tupe import TupeBias
@@ -100,5 +101,7 @@ def install_positions(model: nn.Module, block: dict) -> None:
         if block.get("absolute", "drop") == "drop":
             drop_table(sites)
         INSTALLERS[block["method"]](model, sites, block)
+        # Its hook also marks a call that came through the hooks: see posswap_state.forward_through_hooks.
+        install_call_state(sites.base)
     install_length_guard(sites.base, sites.offset)
     install_atomic_save(model)

@@ -17,6 +17,7 @@ It travels with saved models (``posswap/portable``), so it imports nothing from 
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -91,3 +92,20 @@ def install_call_state(base: nn.Module) -> None:
     takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(type(base).forward).parameters.values())
     if takes_kwargs:
         base.register_forward_pre_hook(StartCall(), with_kwargs=True)
+
+
+def forward_through_hooks(stock_forward: Callable) -> Callable:
+    """A model class's ``forward`` that runs the base model's hooks (the length guard, this call's state) when a
+    caller calls ``forward`` itself rather than the model: sentence-transformers 6 does
+    (``self.model.forward(**features)``), and so does peft's LoraModel on a base model. Without this, an input longer
+    than the model reads would run with no word. A call through ``__call__`` carries the state its StartCall hook
+    added and goes straight to the stock forward. ``functools.wraps``: transformers, the Trainer and
+    sentence-transformers read the stock signature through it."""
+
+    @functools.wraps(stock_forward)
+    def forward(self, *args, **kwargs):
+        if STATE_KWARG not in kwargs and find_hooks(self, StartCall):
+            return self(*args, **kwargs)
+        return stock_forward(self, *args, **kwargs)
+
+    return forward

@@ -9,13 +9,17 @@ each (a model this small does not use two threads well, two processes do).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import os
+import signal
 import statistics
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
-from multiprocessing import get_context
+from multiprocessing import active_children, get_context, parent_process
 from pathlib import Path
 
 import torch
@@ -24,7 +28,7 @@ from ..config import check_number
 from ..portable.posswap_block import migrate_block
 from .copier import CopierRecipe, copier, make_optimizer, tiled_windows, train_step
 from .plan import EXTEND, VARIANTS, variant_patch
-from .scoring import write_json
+from .scoring import damage, hold_work, set_aside, write_json
 
 MULTIPLES = (0.5, 1.5, 3, 6)  # probed distances, in multiples of the copier's window; 6x is past the trained 4x
 CHECK_MULTIPLES = (0.25, 0.5, 0.75)  # where the copier must copy before anything uses it
@@ -253,18 +257,90 @@ def _worker(base_folder: str, spec: CopyingSpec, name: str, seed: int, work: str
     """One run in a worker process (one thread), written to its file; returns its name for the progress bar."""
     from .copier import load_copier
 
-    torch.set_num_threads(1)
-    base = load_copier(Path(base_folder), spec.copier)
-    write_json(run_file(Path(work), name, seed), train_and_probe(base, spec, name, seed), indent=None)
+    if _WORKER["stopping"] or (_WORKER["stop"] is not None and _WORKER["stop"].is_set()):
+        raise KeyboardInterrupt  # the study was interrupted: no new run
+    _WORKER["busy"] = True
+    try:
+        torch.set_num_threads(1)
+        base = load_copier(Path(base_folder), spec.copier)
+        write_json(run_file(Path(work), name, seed), train_and_probe(base, spec, name, seed), indent=None)
+    finally:
+        _WORKER["busy"] = False
     return f"{name} seed {seed}"
+
+
+# What a worker process of the study is doing, and the study's event that says it was interrupted.
+_WORKER = {"busy": False, "stopping": False, "stop": None}
+
+
+def _worker_started(stop) -> None:
+    _WORKER["stop"] = stop
+    signal.signal(signal.SIGINT, _on_interrupt)
+    threading.Thread(target=_end_with_the_study, daemon=True).start()
+
+
+def _end_with_the_study() -> None:
+    """A worker ends when the study's process does: killed (SIGKILL), it left workers that ran on, wrote runs into a
+    work folder the next study was using, and then waited forever on the pool's queue."""
+    parent_process().join()
+    os._exit(1)
+
+
+def _on_interrupt(signum, frame) -> None:
+    """Ctrl-C in a worker: its run stops (the KeyboardInterrupt goes back to the study) and it starts no other. An
+    idle worker waits to be shut down: interrupted inside the pool's queue, it printed a traceback."""
+    _WORKER["stopping"] = True
+    if _WORKER["busy"]:
+        _WORKER["busy"] = False  # once: a second Ctrl-C must not land outside the run
+        raise KeyboardInterrupt
+
+
+def _run_in_pool(todo: list, spec: CopyingSpec, base_folder: Path, work: Path, jobs: int, bar) -> None:
+    """``todo`` on ``jobs`` worker processes. Ctrl-C (a terminal sends it to every process of the study; ``kill -INT``
+    to this one only) ends the study with its one line, at once: the workers start with it ignored (one still
+    importing printed a traceback), then a running run stops on it, and no worker starts another."""
+    context = get_context("spawn")
+    stop = context.Event()
+    with _interrupts_ignored():  # the workers are started in submit, and inherit it until _worker_started
+        pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_started, initargs=(stop,))
+        futures = [pool.submit(_worker, str(base_folder), spec, n, s, str(work)) for n, s in todo]
+    with pool:
+        try:
+            for future in as_completed(futures):
+                bar.set_postfix_str(f"{future.result()} done")
+                bar.update()
+        except KeyboardInterrupt:  # the finished runs are written; the running ones stop now
+            stop.set()
+            for future in futures:
+                future.cancel()
+            for process in active_children():
+                os.kill(process.pid, signal.SIGINT)
+            raise
+
+
+@contextlib.contextmanager
+def _interrupts_ignored():
+    """SIGINT ignored inside (in the main thread; elsewhere it cannot be changed, and is left as it is)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def cached_run(work: Path, spec: CopyingSpec, name: str, seed: int) -> dict | None:
     path = run_file(work, name, seed)
     if not path.is_file():
         return None
-    found = json.loads(path.read_text())
-    key = found.get("key")
+    try:
+        found = json.loads(path.read_text())
+        key = found.get("key")
+    except (ValueError, AttributeError) as error:  # cut short or overwritten on disk: the run is done again
+        set_aside(path, damage(error))
+        return None
     if isinstance(key, dict) and isinstance(key.get("patch"), dict):  # a run of an older posswap: keys renamed since
         key = {**key, "patch": migrate_block(key["patch"])}
     return found if key == json.loads(json.dumps(run_key(spec, name, seed))) else None
@@ -286,11 +362,7 @@ def run_all(spec: CopyingSpec, base_folder: Path, work: Path, jobs: int, progres
                 _worker(str(base_folder), spec, name, seed, str(work))
                 bar.update()
         elif todo:
-            with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
-                futures = [pool.submit(_worker, str(base_folder), spec, n, s, str(work)) for n, s in todo]
-                for future in as_completed(futures):
-                    bar.set_postfix_str(f"{future.result()} done")
-                    bar.update()
+            _run_in_pool(todo, spec, base_folder, work, jobs, bar)
     return {name: [cached_run(work, spec, name, s) for s in spec.seeds] for name in run_names(spec)}
 
 
@@ -303,9 +375,14 @@ def run_copying(
     """The copier (found in ``work``, else the shipped one if the spec says so, else trained there;
     ``rebuild_copier``: trained in any case), checked; every run; then ``out``/copying.json and its summary and
     pictures. Returns the results dict."""
+    check_spec(spec)
+    with hold_work(Path(work)):  # one study per work folder: a second is refused before it reads anything there
+        return _run_copying(spec, Path(work), Path(out), jobs, progress, rebuild_copier)
+
+
+def _run_copying(spec: CopyingSpec, work: Path, out: Path, jobs: int, progress: bool, rebuild_copier: bool) -> dict:
     from .copying_report import write_report
 
-    check_spec(spec)
     started = time.perf_counter()
     base_folder = Path(work) / "copier"
     clock = time.perf_counter()

@@ -18,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+import yaml
 
 from ..config import load_yaml
 from ..evaluation.plots import write_plots
@@ -25,7 +26,19 @@ from ..files import remove_model_folder
 from ..portable.posswap_block import migrate_block
 from .plan import EXTEND, LONG_VARIANTS, BaseSpec, Budget, variant_patch
 from .report import curve_plot, probe_plot, saved_summary
-from .scoring import BASELINE, ORIGINAL, Scorer, load_sets, loss_metric, save_sets, set_name, write_json
+from .scoring import (
+    BASELINE,
+    ORIGINAL,
+    Scorer,
+    damage,
+    hold_work,
+    load_sets,
+    loss_metric,
+    save_sets,
+    set_aside,
+    set_name,
+    write_json,
+)
 
 __all__ = ["BASELINE", "ORIGINAL", "CurveRecorder", "Study", "hardware"]
 
@@ -164,13 +177,8 @@ class Study:
         from ..training import recipe_from_dict, train
 
         run_dir = Path(raw["train"]["output_dir"])
-        done = run_dir / "model" / "config.json"
         curve_file = run_dir / "curve.json"
-        if (
-            done.exists()
-            and (run_dir / "recipe.yaml").exists()
-            and same_recipe(load_yaml((run_dir / "recipe.yaml").read_text()), raw)
-        ):
+        if finished_run(run_dir, raw, curve_file if curve is not None else None):
             if curve is not None and curve_file.exists():
                 curve.points = [tuple(p) for p in json.loads(curve_file.read_text())]
             print(f"posswap study: {run_dir} already trained with this recipe; reusing it.")
@@ -363,6 +371,10 @@ class Study:
             return "\n\n".join(self.report_base(spec)["summary"] for spec in self.specs)
         if self.device is not None and torch.device(self.device).type == "cpu":
             os.environ["ACCELERATE_USE_CPU"] = "true"  # training too, not only scoring, stays off the GPU
+        with hold_work(self.work):  # one study per work folder: a second is refused before it reads anything there
+            return self._run(command)
+
+    def _run(self, command: str) -> str:
         for spec in self.specs:
             if spec.phase == "long":
                 self.best_of_quick(spec)  # the quick results must be there before anything trains
@@ -384,6 +396,51 @@ class Study:
         wall = time.perf_counter() - started
         text = "\n\n".join(s["summary"] for s in summaries)
         return f"{text}\n\nWall time {wall / 60:.1f} min on {machine['description']}; files in {self.out}/."
+
+
+def finished_run(run_dir: Path, raw: dict, curve_file: Path | None) -> bool:
+    """``run_dir`` holds a finished run of ``raw`` that reads back. A damaged file of it (its recipe, its curve, its
+    model's config or weights: cut short or overwritten on disk) is set aside with one line, and the run is trained
+    again, instead of the study stopping on it."""
+    model, recipe = run_dir / "model", run_dir / "recipe.yaml"
+    if not (model / "config.json").exists() or not recipe.exists():
+        return False
+    try:
+        saved = load_yaml(recipe.read_text())
+    except (ValueError, yaml.YAMLError) as error:
+        set_aside(recipe, damage(error))
+        return False
+    if not same_recipe(saved, raw):
+        return False
+    if curve_file is not None and curve_file.exists():
+        try:
+            json.loads(curve_file.read_text())
+        except ValueError as error:
+            set_aside(curve_file, damage(error))
+            return False
+    broken = damaged_model(model)
+    if broken is not None:
+        set_aside(model, broken)
+        return False
+    return True
+
+
+def damaged_model(folder: Path) -> str | None:
+    """Why a saved model folder would not load (its config is not JSON, a weights file is cut short or its header
+    overwritten), or None. Reads only the headers: a byte changed inside a tensor is not found here."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        json.loads((folder / "config.json").read_text())
+    except ValueError as error:
+        return f"config.json {damage(error)}"
+    for weights in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(weights), "pt"):
+                pass
+        except (SafetensorError, OSError) as error:
+            return f"{weights.name}: {' '.join(str(error).split())}"
+    return None
 
 
 def same_recipe(saved, raw: dict) -> bool:

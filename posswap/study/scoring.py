@@ -3,6 +3,7 @@ memory at a time, each on the study's device."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -10,6 +11,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from ..evaluation import ModelResults, Results, evaluate
+from ..portable.posswap_files import absolute, hold
 from .plan import BaseSpec
 
 ORIGINAL = "original"
@@ -53,9 +55,14 @@ class ScoreCache:
         return self.folder / f"{digest}.json"
 
     def get(self, key: dict):
-        if self.folder is None or not self._file(key).exists():
+        path = None if self.folder is None else self._file(key)
+        if path is None or not path.exists():
             return None
-        return json.loads(self._file(key).read_text())["value"]
+        try:
+            return json.loads(path.read_text())["value"]
+        except (ValueError, KeyError, TypeError) as error:  # cut short or overwritten on disk: scored again
+            set_aside(path, damage(error))
+            return None
 
     def put(self, key: dict, value) -> None:
         if self.folder is not None:
@@ -227,3 +234,38 @@ def write_json(path: Path, value, indent: int | None = 2) -> Path:
     staging.write_text(json.dumps(value, indent=indent) + "\n")
     os.replace(staging, path)
     return path
+
+
+def damage(error: Exception) -> str:
+    """What is wrong with a work-folder file that did not read back, in a few words."""
+    if isinstance(error, UnicodeDecodeError):
+        return "not text"
+    if isinstance(error, (KeyError, TypeError, AttributeError)):
+        return f"not the expected record ({type(error).__name__}: {error})"
+    return f"not readable: {' '.join(str(error).split())}"
+
+
+def set_aside(path: Path, why: str) -> Path:
+    """Move a damaged file (or a model folder) of the work folder aside as ``NAME.damaged`` (numbered when taken), with
+    one line that says so; its caller computes it again. Never deleted: it may be all that is left of a long run."""
+    aside, n = path.with_name(f"{path.name}.damaged"), 1
+    while aside.exists():
+        aside, n = path.with_name(f"{path.name}.damaged-{n}"), n + 1
+    os.replace(path, aside)
+    print(f"posswap study: {path} is damaged ({why}); set aside as {aside.name}, computing it again.", flush=True)
+    return aside
+
+
+@contextlib.contextmanager
+def hold_work(work: Path):
+    """One study per work folder: a second one on the same folder is refused at once (``Busy``, a ``ValueError``),
+    before it reads or writes anything there; the first goes on unharmed."""
+
+    def refusal(pid: int | None, by: str | None) -> str:
+        return (
+            f"another posswap study (pid {pid if pid is not None else 'unknown'}) is using the work folder {work} now; "
+            "wait for it to finish, or choose another --work."
+        )
+
+    with hold(absolute(work), "posswap study", refusal):
+        yield

@@ -64,6 +64,11 @@ class EmbeddingSpec:
         check_positive_int("embedding.pairs", self.pairs)
         check_choice("embedding.loss", self.loss, LOSSES)
         check_positive_int("embedding.mini_batch_size", self.mini_batch_size)
+        if self.loss == "mnrl" and self.mini_batch_size != EmbeddingSpec.mini_batch_size:  # read by cached_mnrl only
+            raise ValueError(
+                f"embedding.mini_batch_size ({self.mini_batch_size}) applies to loss cached_mnrl only; mnrl embeds "
+                "the whole batch at once: remove it or use loss cached_mnrl."
+            )
         check_number("embedding.scale", self.scale, above=0)
         if self.dropout is not None:
             check_number("embedding.dropout", self.dropout, minimum=0, below=1)
@@ -85,6 +90,12 @@ def check_embedding_recipe(recipe: Any, defaults: Any) -> None:
         raise ValueError(
             f"embedding.pairs ({recipe.embedding.pairs}) is fewer than one optimizer step takes (train.batch_size x "
             f"train.grad_accum = {t.batch_size * t.grad_accum}); raise embedding.pairs."
+        )
+    if t.batch_size < 2 and not recipe.embedding.hard_negatives:  # one document, no negative: the loss is 0
+        raise ValueError(
+            f"train.batch_size ({t.batch_size}) must be at least 2 for an embedding recipe: the ranking loss's "
+            "negatives are the other documents of the batch, and with one the loss is 0 and nothing trains "
+            "(or set embedding.hard_negatives: true)."
         )
     check_choice("train.mixed_precision (embedding recipe)", t.mixed_precision, ("no",))
     if recipe.tokenizer is not None:

@@ -217,6 +217,7 @@ class Recipe:
         if self.tokenizer is not None:
             check_model_source("tokenizer", self.tokenizer, need_config=False)
         check_data_source("data.train", self.data.train)
+        check_text_column(self.data.train, self.data.text_column)
         if self.eval.lengths:
             check_data_source("eval.data", self.eval.data)
 
@@ -271,6 +272,15 @@ def check_data_source(name: str, value: str) -> None:
         raise ValueError(f"{name}: cannot read {value!r}; use a {', '.join(LOCAL_SUFFIXES)} file.")
     if path.suffix in (".txt", ".jsonl", ".json"):
         check_text_file(name, path)
+
+
+def check_text_column(spec: str, column: str) -> None:
+    """An embedded split or a ``.txt`` file has one text column, ``text``: another name is refused now, not as
+    datasets' "Column 'x' doesn't exist" (no key named) once the model is loaded."""
+    from ..data.splits import EMBEDDED_PREFIX
+
+    if column != "text" and (spec.startswith(EMBEDDED_PREFIX) or (looks_local(spec) and spec.endswith(".txt"))):
+        raise ValueError(f"data.text_column: {spec!r} has one text column, 'text'; got {shown(column)}. Remove it.")
 
 
 def check_text_file(name: str, path: Path) -> None:

@@ -1,0 +1,105 @@
+"""What a user with a vector database does with a long document, and what a long model adds to it.
+
+- **chunk-mean / chunk-max**: the document cut into pieces the model reads whole, each embedded alone; one vector
+  (the chunks' mean) or a vector per chunk (a document scores its best chunk).
+- **late chunking** (Günther et al. 2024, "Late Chunking: Contextual Chunk Embeddings Using Long-Context
+  Embedding Models"): the long model reads the whole document once and its token outputs are mean-pooled per
+  chunk, so each chunk's vector carries the document's context. :func:`late_chunks`.
+
+Chunk sizes count the tokenizer's special tokens ([CLS] and [SEP]), as ``max_seq_length`` does: a chunk of 256 is
+a text the model reads whole at a limit of 256.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .retrieval_tasks import special_tokens
+
+BASELINES = ("chunk-mean", "chunk-max", "late-chunk-max")
+
+
+def split_into_chunks(tokenizer, text: str, chunk_tokens: int) -> list[str]:
+    """``text`` cut at token boundaries into pieces of at most ``chunk_tokens`` tokens, special tokens counted;
+    each piece is a slice of the text itself (character offsets), so re-tokenizing it gives the same tokens."""
+    size = chunk_tokens - special_tokens(tokenizer)
+    if size < 1:
+        raise ValueError(f"chunk_tokens must leave room for text beside the special tokens; got {chunk_tokens}.")
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+    offsets = encoded["offset_mapping"]
+    if not offsets:
+        return [text]
+    starts = range(0, len(offsets), size)
+    return [text[offsets[i][0] : offsets[min(i + size, len(offsets)) - 1][1]] for i in starts]
+
+
+def chunk_vectors(model, texts: list[str], chunk_tokens: int, batch_size: int = 8) -> list[torch.Tensor]:
+    """Per text, a (chunks, dim) tensor: every chunk embedded alone (the stock model's way)."""
+    pieces = [split_into_chunks(model.tokenizer, text, chunk_tokens) for text in texts]
+    flat = [piece for chunks in pieces for piece in chunks]
+    with torch.no_grad():
+        vectors = model.encode(flat, batch_size=batch_size, convert_to_tensor=True, show_progress_bar=False)
+    vectors = torch.as_tensor(vectors).detach().float().cpu()
+    return list(torch.split(vectors, [len(chunks) for chunks in pieces]))
+
+
+def late_chunks(model: Any, texts: list[str], chunk_tokens: int = 256, batch_size: int = 8) -> list[torch.Tensor]:
+    """Per text, a (chunks, dim) tensor of late-chunked embeddings: the model reads the text once (up to its
+    ``max_seq_length``) and its token outputs are mean-pooled per ``chunk_tokens`` tokens (special tokens counted),
+    then go through the modules after the pooling (normalisation, dense) as a sentence embedding does. A text of
+    at most ``chunk_tokens`` tokens gives one chunk: its ``encode`` embedding.
+
+    ``model``: a sentence-transformers model with mean pooling (late chunking is defined on mean pooling).
+    """
+    pooling_at = _check_late_chunking(model, texts, chunk_tokens)
+    with torch.no_grad():
+        tokens = model.encode(
+            texts, output_value="token_embeddings", batch_size=batch_size, show_progress_bar=False
+        )  # per text, its tokens' outputs (padding dropped)
+        chunks = []
+        for outputs in tokens:
+            pooled = torch.stack([piece.mean(dim=0) for piece in torch.split(outputs, chunk_tokens)])
+            features = {"sentence_embedding": pooled}
+            for module in list(model)[pooling_at + 1 :]:
+                features = module(features)
+            chunks.append(features["sentence_embedding"].detach().float().cpu())
+    return chunks
+
+
+def _check_late_chunking(model: Any, texts: list[str], chunk_tokens: int) -> int:
+    """The index of the model's pooling module, after one-line checks of every argument."""
+    from ..sentence_models import is_sentence_transformer
+
+    if not is_sentence_transformer(model):
+        raise ValueError(
+            f"late_chunks needs a sentence-transformers model (its token outputs and pooling); got {type(model).__name__}."
+        )
+    if isinstance(texts, str) or not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
+        raise ValueError("texts must be a list of strings; for one text, pass [text].")
+    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be a positive whole number of tokens; got {chunk_tokens!r}.")
+    modules = list(model)
+    pooling_at = next((i for i, m in enumerate(modules) if type(m).__name__ == "Pooling"), None)
+    pooling = modules[pooling_at] if pooling_at is not None else None
+    # sentence-transformers 6 names the mode; 5 had a method for it.
+    mode = getattr(pooling, "pooling_mode", None) or (pooling.get_pooling_mode_str() if pooling is not None else None)
+    if mode != "mean":
+        raise ValueError(
+            f"late_chunks mean-pools each chunk, and this model pools with {mode or 'no Pooling module'}: its chunk "
+            "vectors would not be what it was trained to give. Use a model with mean pooling."
+        )
+    return pooling_at
+
+
+def mean_vector(chunks: torch.Tensor) -> torch.Tensor:
+    """One vector for a document from its chunks': the mean of their unit vectors."""
+    return F.normalize(chunks, dim=-1).mean(dim=0)
+
+
+def best_chunk_scores(queries: torch.Tensor, documents: list[torch.Tensor]) -> torch.Tensor:
+    """(queries, documents) cosine scores where a document scores its best chunk."""
+    queries = F.normalize(queries, dim=-1)
+    return torch.stack([(queries @ F.normalize(chunks, dim=-1).T).max(dim=1).values for chunks in documents], dim=1)
