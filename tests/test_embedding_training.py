@@ -266,3 +266,26 @@ def test_embedding_recipe_pushes_and_keeps_the_models_own_dropout(tiny_st, text_
     config = json.loads((folder / "config.json").read_text())
     assert config["attention_probs_dropout_prob"] == 0.1 and config["hidden_dropout_prob"] == 0.1
     assert not (tmp_path / "run" / "trainer").exists()  # the trainer's empty folder is not left behind
+
+
+def test_the_chunking_verdict_prefers_fewer_vectors_within_one_standard_error(tmp_path):
+    tool = readme_tool()
+    prints = {"256": "a", "2048": "b"}
+    stock = scored(256, [0.77, 0.09])
+    baselines = {"minilm": stock, "minilm chunk-mean@256": scored(256, [0.77, 0.2])}
+    baselines["minilm chunk-max@256"] = scored(256, [0.79, 0.77])
+    long = {"minilm": stock, "long": scored(2048, [0.78, 0.60]), "long late-chunk-max@256": scored(2048, [0.9, 0.5])}
+    results_file(tmp_path / "baselines" / "passkey", baselines, prints)
+    results_file(tmp_path / "late-chunks" / "passkey", long, prints)
+    lines = tool.chunking_block(tmp_path, "passkey")
+    assert lines[0] == (
+        "| tokens | minilm | minilm chunk-mean@256 | minilm chunk-max@256 | long | long late-chunk-max@256 |"
+    )
+    # 256: late chunks lead (0.90) by more than their standard error (0.03); 2048: the stock model's chunks.
+    assert lines[-1].endswith(
+        "256: late chunks (long late-chunk-max@256, 0.90); 2048: chunks (minilm chunk-max@256, 0.77)."
+    )
+    results_file(tmp_path / "b2" / "baselines" / "passkey", baselines, prints)
+    long["long late-chunk-max@256"] = scored(2048, [0.8, 0.5])  # within 0.78's standard error: one vector
+    results_file(tmp_path / "b2" / "late-chunks" / "passkey", long, prints)
+    assert "256: one vector (long, 0.78)" in tool.chunking_block(tmp_path / "b2", "passkey")[-1]

@@ -221,12 +221,17 @@ def speed_block(root: Path) -> list[str]:
                     f"| `{path.stem}` | {row['length']} | {row['variant']} | {row['time_vs_stock']:.2f} | "
                     f"{row['time_vs_stock_paired']:.2f} | {row['memory_vs_stock']:.2f} |"
                 )
-    lines += ["", "| run | model | tokens/s | time vs stock pieces | memory vs stock pieces |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| run | model | tokens/s | time vs stock pieces | memory vs stock pieces | vectors per document |",
+        "|---|---|---|---|---|---|",
+    ]
     for path in sorted(root.glob("embeddings-*.json")):
         for name, row in json.loads(path.read_text())["results"].items():
+            vectors = row.get("vectors_per_document", 4 if name == "stock-512" else 1)  # runs before it was recorded
             lines.append(
                 f"| `{path.stem}` | {name} | {row['tokens_per_s']:,.0f} | {row['time_vs_stock']:.2f} | "
-                f"{row['memory_vs_stock']:.2f} |"
+                f"{row['memory_vs_stock']:.2f} | {vectors:g} |"
             )
     commands = [json.loads(p.read_text())["command"] for p in sorted(root.glob("*.json"))]
     return [*lines, "", "Each run's command (`results/speed/`): " + "; ".join(f"`{c}`" for c in commands) + "."]
@@ -240,7 +245,6 @@ def chunking_block(root: Path, task: str) -> list[str]:
     if missing:
         raise SystemExit(f"readme_embeddings: no {task} results in {', '.join(missing)}; run the evaluation first.")
     results = merged(load(folders[0]), load(folders[1]))
-    models = results["models"]
     lines = table(results) + [
         "",
         f"{task} retrieval, accuracy at 1 ± standard error, {results['documents']} documents per length (chance "
@@ -249,13 +253,38 @@ def chunking_block(root: Path, task: str) -> list[str]:
         "per chunk (a document scores its best chunk).",
         "",
     ]
-    single = [n for n in models if "@" not in n]
+    return lines + [verdict_line(results)]
+
+
+def winners(results: dict) -> list[tuple[int, str, str]]:
+    """Per length: (length, the kind that scores most: "one vector", "chunks" or "late chunks", its column)."""
+    models, out = results["models"], []
+    kinds = {
+        "one vector": [n for n in models if "@" not in n],
+        "chunks": [n for n in models if " chunk-max@" in n and "late-chunk" not in n],
+        "late chunks": [n for n in models if "late-chunk-max@" in n],
+    }
     for i, length in enumerate(results["lengths"]):
-        best = max(single, key=lambda n: models[n]["accuracy"][i])
-        cells = [f"one vector: {best} {models[best]['accuracy'][i]:.2f}"]
-        cells += [f"{n} {models[n]['accuracy'][i]:.2f}" for n in models if "chunk-max@" in n]
-        lines.append(f"- {length} tokens: " + "; ".join(cells) + ".")
-    return lines
+        best = {kind: max(names, key=lambda n: models[n]["accuracy"][i]) for kind, names in kinds.items() if names}
+        top = max(best.values(), key=lambda n: models[n]["accuracy"][i])
+        floor = models[top]["accuracy"][i] - models[top]["stderr"][i]
+        # Within one standard error of the best, the cheapest wins: one vector, then the stock model's chunks.
+        kind = next(k for k in best if models[best[k]]["accuracy"][i] >= floor)
+        out.append((length, kind, best[kind]))
+    return out
+
+
+def verdict_line(results: dict) -> str:
+    """One line: up to which length one long vector wins, and what wins past it."""
+    models, parts = results["models"], []
+    for length, kind, name in winners(results):
+        i = results["lengths"].index(length)
+        parts.append(f"{length}: {kind} ({name}, {models[name]['accuracy'][i]:.2f})")
+    return (
+        f"Best per length ({results['task']}; within one standard error of the best, the fewest vectors): "
+        + "; ".join(parts)
+        + "."
+    )
 
 
 def blocks(results: Path, speed: Path) -> dict[str, list[str]]:
