@@ -211,6 +211,12 @@ BAD = [
     ("embedding.dropout=1", "embedding.dropout must be a number >= 0 and < 1"),
     ("embedding.dropout=-0.1", "embedding.dropout must be a number >= 0 and < 1"),
     ("embedding.dropout=half", "embedding.dropout must be a number >= 0 and < 1"),
+    ("embedding.teacher=-1", "embedding.teacher must be a whole number of texts >= 0"),
+    ("embedding.teacher=true", "embedding.teacher must be a whole number of texts >= 0"),
+    ("embedding.teacher=2.5", "embedding.teacher must be a whole number of texts >= 0"),
+    ("posswap=null embedding.teacher=8", "embedding.teacher needs a posswap: block"),
+    ("embedding.teacher_weight=0", "embedding.teacher_weight must be a number > 0"),
+    ("embedding.teacher_weight=.nan", "embedding.teacher_weight must be a finite number > 0"),
     ("embedding.pairz=3", "Unknown key(s) in embedding: pairz"),
     ("embedding=5", "embedding must be a mapping"),
     # train: what sentence-transformers' trainer and the optimizer read

@@ -289,3 +289,39 @@ def test_the_chunking_verdict_prefers_fewer_vectors_within_one_standard_error(tm
     long["long late-chunk-max@256"] = scored(2048, [0.8, 0.5])  # within 0.78's standard error: one vector
     results_file(tmp_path / "b2" / "late-chunks" / "passkey", long, prints)
     assert "256: one vector (long, 0.78)" in tool.chunking_block(tmp_path / "b2", "passkey")[-1]
+
+
+def test_the_teachers_rows_are_the_unpatched_models_embeddings(tiny_st, text_file):
+    from posswap.training.embedding_teacher import TeacherLoss, teacher_rows
+
+    model = st.SentenceTransformer(str(tiny_st), device="cpu")
+    rows = teacher_rows(model, str(text_file), 5, 8, seed=0, text_column="text")
+    texts = rows["text"]
+    assert len(texts) == 5 and [len(t.split()) for t in texts[0::2]] == [8, 8, 8]  # passages, then documents
+    counts = [len(ids) for ids in model.tokenizer(texts[1::2])["input_ids"]]
+    assert all(48 < n <= 64 for n in counts)  # documents of the model's own limit, read whole
+    labels = torch.tensor(rows["label"])
+    torch.testing.assert_close(labels, model.encode(texts, convert_to_tensor=True), atol=1e-6, rtol=0)
+    assert teacher_rows(model, str(text_file), 0, 8, seed=0, text_column="text") is None
+
+    # The loss: weight * (1 - cosine) with the teacher's vectors, 0 for the teacher itself.
+    features = model.preprocess(texts)
+    loss = TeacherLoss(model, weight=2.0)
+    other = torch.roll(labels, 1, dims=0)
+    by_hand = 2.0 * (1 - torch.nn.functional.cosine_similarity(labels, other, dim=-1)).mean()
+    with torch.no_grad():
+        assert float(loss([features], labels)) == pytest.approx(0.0, abs=1e-6)
+        assert float(loss([features], other)) == pytest.approx(float(by_hand), abs=1e-5)
+
+
+def test_an_embedding_recipe_with_a_teacher_trains_on_both(tiny_st, text_file, tmp_path):
+    path = tmp_path / "recipe.yaml"
+    spec = recipe(tiny_st, text_file, tmp_path / "run")
+    spec["embedding"]["teacher"] = 8
+    spec["train"]["max_steps"] = 4  # 2 batches of pairs, 2 of the teacher's texts
+    path.write_text(yaml.safe_dump(spec))
+    assert main(["train", str(path)]) == 0
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in log] == [1, 2, 3, 4]
+    # The teacher's batches are 1 - cosine (at most 2), the ranking batches a cross-entropy over 4 documents.
+    assert any(line["loss"] < 0.5 for line in log) and any(line["loss"] > 0.5 for line in log), log

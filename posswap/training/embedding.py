@@ -14,6 +14,7 @@ import contextlib
 import json
 from pathlib import Path
 
+import datasets
 import torch
 import yaml
 from torch import nn
@@ -24,6 +25,7 @@ from ..loading import resolve_model_id
 from ..patching import patch, patched_config
 from ..sentence_models import load_sentence_transformer, save, transformer_module
 from .embedding_data import document_pairs
+from .embedding_teacher import TeacherLoss, teacher_rows
 from .loop import MAX_GRAD_NORM, _check_before_work, _local_source, _push, parameter_groups
 from .recipe import Recipe
 from .trainable import position_parameter_names, select_trainable
@@ -41,7 +43,9 @@ def train_embedding(recipe: Recipe, raw, resume: bool, callbacks, overwrite: boo
     _check_before_work(recipe, False, overwrite, False)  # the model folder, old checkpoints, a Hub login
     run_dir, final_dir = Path(t.output_dir), Path(t.output_dir) / "model"
     torch.manual_seed(t.seed)
-    model = load_sentence_model(recipe)
+    model = load_sentence_model(recipe, patched=False)
+    taught = teacher_rows(model, recipe.data.train, e.teacher, e.anchor_words, t.seed, recipe.data.text_column)
+    patch_as_the_recipe_says(model, recipe)
     check_document_lengths(model, e.document_lengths)
     transformer = transformer_module(model).auto_model
     if e.dropout is not None:  # SDPA's backward with dropout on CPU is ~4x slower than without (measured at 2048)
@@ -66,8 +70,10 @@ def train_embedding(recipe: Recipe, raw, resume: bool, callbacks, overwrite: boo
     trainer = SentenceTransformerTrainer(
         model=model,
         args=training_arguments(recipe, run_dir),
-        train_dataset=pairs,
-        loss=ranking_loss(model, e),
+        train_dataset=pairs if taught is None else datasets.DatasetDict({"pairs": pairs, "teacher": taught}),
+        loss=ranking_loss(model, e)
+        if taught is None
+        else {"pairs": ranking_loss(model, e), "teacher": TeacherLoss(model, e.teacher_weight)},
         optimizers=optimizer_and_schedule(model, positions, t),
         callbacks=[JsonLog(run_dir / "log.jsonl", model, callbacks)],
     )
@@ -95,18 +101,24 @@ def check_document_lengths(model, lengths: list[int]) -> None:
         )
 
 
-def load_sentence_model(recipe: Recipe):
-    """The recipe's model as a ``SentenceTransformer`` on the CPU, patched as the recipe says; a folder that is a
-    plain transformers encoder is wrapped with mean pooling (as ``SentenceTransformer(name)`` does)."""
+def load_sentence_model(recipe: Recipe, patched: bool = True):
+    """The recipe's model as a ``SentenceTransformer`` on the CPU, patched as the recipe says (``patched=False``:
+    as found); a folder that is a plain transformers encoder is wrapped with mean pooling (as
+    ``SentenceTransformer(name)`` does)."""
     from sentence_transformers import SentenceTransformer
 
     name = resolve_model_id(recipe.model)
     model = load_sentence_transformer(name, device="cpu")
     if model is None:
         model = SentenceTransformer(name, device="cpu")
+    if patched:
+        patch_as_the_recipe_says(model, recipe)
+    return model
+
+
+def patch_as_the_recipe_says(model, recipe: Recipe) -> None:
     if recipe.posswap is not None and patched_config(transformer_module(model).auto_model) != recipe.posswap:
         patch(model, recipe.posswap)
-    return model
 
 
 def ranking_loss(model, e) -> nn.Module:

@@ -41,6 +41,14 @@ class EmbeddingSpec:
     dropout: float | None = field(
         default=None, metadata={"help": "Dropout while training (null: the model's own). 0 is ~4x faster on CPU."}
     )
+    teacher: int = field(
+        default=0,
+        metadata={
+            "help": "Texts the model read whole before its patch (passages and documents of its old limit), each "
+            "with its embedding then, trained with 1 - cosine beside the pairs: keeps what it gave there. 0: none."
+        },
+    )
+    teacher_weight: float = field(default=1.0, metadata={"help": "Weight of the teacher's loss against the pairs'."})
 
     def validate(self, max_length: int | None) -> None:
         check_positive_int("embedding.anchor_words", self.anchor_words)  # the lengths are checked against it
@@ -72,6 +80,11 @@ class EmbeddingSpec:
         check_number("embedding.scale", self.scale, above=0)
         if self.dropout is not None:
             check_number("embedding.dropout", self.dropout, minimum=0, below=1)
+        if isinstance(self.teacher, bool) or not isinstance(self.teacher, int) or self.teacher < 0:
+            raise ValueError(
+                f"embedding.teacher must be a whole number of texts >= 0 (0: none), got {shown(self.teacher)}."
+            )
+        check_number("embedding.teacher_weight", self.teacher_weight, above=0)
 
 
 def check_embedding_recipe(recipe: Any, defaults: Any) -> None:
@@ -90,6 +103,11 @@ def check_embedding_recipe(recipe: Any, defaults: Any) -> None:
         raise ValueError(
             f"embedding.pairs ({recipe.embedding.pairs}) is fewer than one optimizer step takes (train.batch_size x "
             f"train.grad_accum = {t.batch_size * t.grad_accum}); raise embedding.pairs."
+        )
+    if recipe.embedding.teacher and recipe.posswap is None:
+        raise ValueError(
+            "embedding.teacher needs a posswap: block: the teacher is the model before the recipe patches it, and "
+            "without a patch it would be the model itself."
         )
     if t.batch_size < 2 and not recipe.embedding.hard_negatives:  # one document, no negative: the loss is 0
         raise ValueError(
