@@ -56,7 +56,7 @@ def _cmd_patch(args: argparse.Namespace) -> None:
     config = config_from_dict({"method": args.method, **_chosen_options(args)})
     source = resolve_model_id(args.model)
     check_folder_target(args.out, args.overwrite, source)
-    from .sentence_models import patch_folder
+    from .loading import patch_folder
 
     done = patch_folder(source, config, args.out, args.overwrite)  # None: not a sentence-transformers model
     if done is not None:

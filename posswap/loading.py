@@ -4,12 +4,14 @@ Auto-class registration that lets transformers load posswap-<type> folders where
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import transformers
+from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -26,6 +28,17 @@ from .portable.modeling_posswap import (
 )
 from .portable.posswap_block import check_block, migrate_block, weights_mismatch
 from .portable.posswap_runtime import RUNTIME_METHODS
+from .sentence_models import (
+    HUB_KWARGS,
+    check_max_seq_length,
+    check_modules,
+    import_sentence_transformers,
+    model_class_of,
+    read_json,
+    replace_transformer,
+    transformer_folder,
+    transformer_module,
+)
 
 # from_pretrained arguments that say where the files are; the rest are for the model only.
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "force_download", "subfolder")
@@ -90,8 +103,6 @@ def from_pretrained(
     transformer loaded as above, unless ``model_class`` is given (then the transformer alone loads).
     """
     if model_class is None:
-        from .sentence_models import load_sentence_transformer
-
         model = load_sentence_transformer(name_or_path, **kwargs)  # None: not a sentence-transformers model
         if model is not None:
             return model
@@ -287,3 +298,58 @@ def save_model_and_tokenizer(
             tokenizer.save_pretrained(folder)
 
     return write_folder(out, write, overwrite=overwrite, source=source, flag=flag)
+
+
+def load_sentence_transformer(name_or_path: str, **kwargs: Any) -> nn.Module | None:
+    """``posswap.from_pretrained`` for a sentence-transformers folder or repo: the model, patched as its
+    transformer's config records; None when ``name_or_path`` is not one.
+
+    ``kwargs`` that the sentence-transformers class takes (``device``, ``revision``, ``token``,
+    ``model_kwargs`` ...) go to it; the others (``dtype``, ``attn_implementation`` ...) to the transformer's
+    ``from_pretrained``. A patched transformer is read with :func:`load_transformers_model`,
+    so it is checked as any posswap checkpoint is, and posswap's own code runs it: no ``trust_remote_code``.
+    """
+    name_or_path = resolve_model_id(name_or_path)
+    subfolder = transformer_folder(name_or_path, kwargs)
+    if subfolder is None:
+        return None
+    st = import_sentence_transformers(name_or_path)
+    cls = model_class_of(st, name_or_path, kwargs)
+    accepted = inspect.signature(cls.__init__).parameters
+    st_kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+    model_kwargs = {
+        **(st_kwargs.pop("model_kwargs", None) or {}),
+        **{k: v for k, v in kwargs.items() if k not in accepted},
+    }
+    if model_kwargs:
+        st_kwargs["model_kwargs"] = model_kwargs
+    config = read_json(name_or_path, str(Path(subfolder) / "config.json"), kwargs)
+    check_modules(name_or_path, subfolder, config, kwargs)
+    if not isinstance(config, dict) or CONFIG_KEY not in config:
+        return cls(name_or_path, **st_kwargs)  # a stock model: nothing of posswap's to check or install
+    check_max_seq_length(name_or_path, subfolder, config[CONFIG_KEY], kwargs)
+
+    # The transformer through posswap's loader first: a damaged folder fails with posswap's message.
+    hub = {k: kwargs[k] for k in HUB_KWARGS if k in kwargs}
+    if kwargs.get("cache_folder"):
+        hub["cache_dir"] = kwargs["cache_folder"]
+    patched = load_transformers_model(
+        name_or_path, **({"subfolder": subfolder} if subfolder else {}), **hub, **model_kwargs
+    )
+    model = cls(name_or_path, **st_kwargs)
+    replace_transformer(transformer_module(model), patched)
+    return model
+
+
+def patch_folder(source: str, config: Any, out: str, overwrite: bool = False) -> tuple[nn.Module, int, int] | None:
+    """``posswap patch`` for a sentence-transformers folder: load, patch and write ``out`` as a
+    sentence-transformers folder, atomically. Returns the model and its transformer's
+    ``max_position_embeddings`` before and after; None when ``source`` is not a sentence-transformers model."""
+    if transformer_folder(source) is None:
+        return None
+    model = load_sentence_transformer(source, device="cpu")
+    config_of = lambda: transformer_module(model).auto_model.config  # noqa: E731
+    before = config_of().max_position_embeddings
+    patch(model, config)
+    write_folder(out, lambda folder: model.save(str(folder)), overwrite=overwrite, source=source)
+    return model, before, config_of().max_position_embeddings

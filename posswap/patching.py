@@ -13,7 +13,7 @@ from .portable.modeling_posswap import CONFIG_CLASSES
 from .portable.posswap_architectures import assign_buffers, find_sites, resized_position_buffers
 from .portable.posswap_runtime import RUNTIME_METHODS, install_positions
 from .registry import get_method
-from .sentence_models import is_sentence_transformer, patch_sentence_transformer
+from .sentence_models import adopt_patch, is_sentence_transformer, transformer_module
 from .transaction import model_transaction
 from .version import __version__
 
@@ -32,8 +32,10 @@ def patch(model: nn.Module, config: PositionConfig | dict[str, Any], tokenizer: 
     A sentence-transformers model (``SentenceTransformer``) is patched through its transformer, and its
     ``max_seq_length`` and tokenizer limit become the new length; it is returned too.
     """
-    if is_sentence_transformer(model):
-        return patch_sentence_transformer(model, config, tokenizer)
+    if is_sentence_transformer(model):  # its transformer, then the length where sentence-transformers reads it
+        patch(transformer_module(model).auto_model, config, tokenizer=tokenizer)  # raises before changing anything
+        adopt_patch(model, getattr(transformer_module(model).auto_model.config, CONFIG_KEY))
+        return model
     if isinstance(config, dict):
         config = config_from_dict(config)
     if not isinstance(config, PositionConfig):

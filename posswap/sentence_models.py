@@ -17,7 +17,6 @@ sentence-transformers model or folder is in hand.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import sys
@@ -32,7 +31,7 @@ from .portable.posswap_hooks import find_hooks
 
 INSTALL = "pip install 'posswap[st]'"
 # Keywords of posswap.from_pretrained that locate files; the transformer inside the folder is read with them too.
-_HUB_KWARGS = ("revision", "token", "local_files_only")
+HUB_KWARGS = ("revision", "token", "local_files_only")
 
 
 def is_sentence_transformer(obj: Any) -> bool:
@@ -76,15 +75,12 @@ def guard_transformer_module(module: nn.Module) -> None:
         module.register_forward_pre_hook(GuardFeatures())
 
 
-def patch_sentence_transformer(model: nn.Module, config: Any, tokenizer: Any = None) -> nn.Module:
-    """:func:`posswap.patch` for a sentence-transformers model: its transformer is patched (every check before
-    any change), then ``max_seq_length`` and the tokenizer's ``model_max_length`` become the new length."""
-    from .patching import CONFIG_KEY, patch
-
+def adopt_patch(model: nn.Module, block: dict) -> None:
+    """After :func:`posswap.patch` patched the transformer of sentence-transformers ``model`` (``block``: its
+    posswap block): ``max_seq_length`` and the tokenizer's ``model_max_length`` become the new length, the
+    length is guarded where sentence-transformers feeds the transformer, and the model card is tagged."""
     module = transformer_module(model)
     own_tokenizer = getattr(module, "tokenizer", None)
-    patch(module.auto_model, config, tokenizer=tokenizer)  # raises before changing anything
-    block = getattr(module.auto_model.config, CONFIG_KEY)
     guard_transformer_module(module)
     module.max_seq_length = block["max_length"]  # sentence-transformers 6: the tokenizer's limit; 5: its own setting
     if own_tokenizer is not None:
@@ -96,13 +92,12 @@ def patch_sentence_transformer(model: nn.Module, config: Any, tokenizer: Any = N
     card_data = getattr(model, "model_card_data", None)
     if card_data is not None and hasattr(card_data, "add_tags"):
         card_data.add_tags(["posswap", block["method"]])
-    return model
 
 
 def transformer_folder(name_or_path: str, kwargs: dict | None = None) -> str | None:
     """Where the transformer of a sentence-transformers model is, relative to its folder or repo (``""``: the
     root, as sentence-transformers writes it); None when ``name_or_path`` is not a sentence-transformers model."""
-    modules = _read_json(name_or_path, "modules.json", kwargs or {})
+    modules = read_json(name_or_path, "modules.json", kwargs or {})
     if not isinstance(modules, list):
         return None
     for entry in modules:
@@ -111,7 +106,7 @@ def transformer_folder(name_or_path: str, kwargs: dict | None = None) -> str | N
     return None
 
 
-def _read_json(name_or_path: str, filename: str, kwargs: dict) -> Any:
+def read_json(name_or_path: str, filename: str, kwargs: dict) -> Any:
     if os.path.isdir(name_or_path):
         path = Path(name_or_path) / filename
         return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
@@ -124,7 +119,7 @@ def _read_json(name_or_path: str, filename: str, kwargs: dict) -> Any:
             _raise_exceptions_for_missing_entries=False,
             _raise_exceptions_for_connection_errors=False,
             cache_dir=kwargs.get("cache_folder") or kwargs.get("cache_dir"),
-            **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs},
+            **{k: kwargs[k] for k in HUB_KWARGS if k in kwargs},
         )
     except OSError:  # no such repo: the caller's own loading says so in its words
         return None
@@ -142,59 +137,15 @@ def import_sentence_transformers(what: str):
     return sentence_transformers
 
 
-def load_sentence_transformer(name_or_path: str, **kwargs: Any) -> nn.Module | None:
-    """``posswap.from_pretrained`` for a sentence-transformers folder or repo: the model, patched as its
-    transformer's config records; None when ``name_or_path`` is not one.
-
-    ``kwargs`` that the sentence-transformers class takes (``device``, ``revision``, ``token``,
-    ``model_kwargs`` ...) go to it; the others (``dtype``, ``attn_implementation`` ...) to the transformer's
-    ``from_pretrained``. A patched transformer is read with :func:`posswap.loading.load_transformers_model`,
-    so it is checked as any posswap checkpoint is, and posswap's own code runs it: no ``trust_remote_code``.
-    """
-    from .loading import load_transformers_model, resolve_model_id
-    from .patching import CONFIG_KEY
-
-    name_or_path = resolve_model_id(name_or_path)
-    subfolder = transformer_folder(name_or_path, kwargs)
-    if subfolder is None:
-        return None
-    st = import_sentence_transformers(name_or_path)
-    cls = _model_class(st, name_or_path, kwargs)
-    accepted = inspect.signature(cls.__init__).parameters
-    st_kwargs = {k: v for k, v in kwargs.items() if k in accepted}
-    model_kwargs = {
-        **(st_kwargs.pop("model_kwargs", None) or {}),
-        **{k: v for k, v in kwargs.items() if k not in accepted},
-    }
-    if model_kwargs:
-        st_kwargs["model_kwargs"] = model_kwargs
-    config = _read_json(name_or_path, str(Path(subfolder) / "config.json"), kwargs)
-    check_modules(name_or_path, subfolder, config, kwargs)
-    if not isinstance(config, dict) or CONFIG_KEY not in config:
-        return cls(name_or_path, **st_kwargs)  # a stock model: nothing of posswap's to check or install
-    check_max_seq_length(name_or_path, subfolder, config[CONFIG_KEY], kwargs)
-
-    # The transformer through posswap's loader first: a damaged folder fails with posswap's message.
-    hub = {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs}
-    if kwargs.get("cache_folder"):
-        hub["cache_dir"] = kwargs["cache_folder"]
-    patched = load_transformers_model(
-        name_or_path, **({"subfolder": subfolder} if subfolder else {}), **hub, **model_kwargs
-    )
-    model = cls(name_or_path, **st_kwargs)
-    replace_transformer(transformer_module(model), patched)
-    return model
-
-
 def check_modules(name_or_path: str, subfolder: str, config: Any, kwargs: dict) -> None:
     """The pooling modules that modules.json lists have their config, of the transformer's width: sentence-transformers
     itself would fail naming no file (a missing one) or load with no word (a width that disagrees)."""
     width = config.get("hidden_size", config.get("n_embd", config.get("d_model"))) if isinstance(config, dict) else None
-    for entry in _read_json(name_or_path, "modules.json", kwargs) or []:
+    for entry in read_json(name_or_path, "modules.json", kwargs) or []:
         if not (isinstance(entry, dict) and str(entry.get("type", "")).endswith(".Pooling")):
             continue
         path = str(Path(str(entry.get("path") or "")) / "config.json")
-        pooling = _read_json(name_or_path, path, kwargs)
+        pooling = read_json(name_or_path, path, kwargs)
         if not isinstance(pooling, dict):
             raise ValueError(
                 f"{name_or_path}: {path} is missing, and modules.json lists a Pooling module there: put back the file "
@@ -212,7 +163,7 @@ def check_max_seq_length(name_or_path: str, subfolder: str, block: dict, kwargs:
     """sentence-transformers truncates at sentence_bert_config.json's max_seq_length, not at the model's limit: one
     above the posswap block's max_length would hand the model inputs it does not read."""
     path = str(Path(subfolder) / "sentence_bert_config.json")
-    length = (_read_json(name_or_path, path, kwargs) or {}).get("max_seq_length")
+    length = (read_json(name_or_path, path, kwargs) or {}).get("max_seq_length")
     limit = block.get("max_length")
     if isinstance(length, int) and isinstance(limit, int) and length > limit:
         raise ValueError(
@@ -221,10 +172,10 @@ def check_max_seq_length(name_or_path: str, subfolder: str, block: dict, kwargs:
         )
 
 
-def _model_class(st, name_or_path: str, kwargs: dict) -> type:
+def model_class_of(st, name_or_path: str, kwargs: dict) -> type:
     """The class config_sentence_transformers.json names (SentenceTransformer when it names none, as
     sentence-transformers itself reads it)."""
-    config = _read_json(name_or_path, "config_sentence_transformers.json", kwargs) or {}
+    config = read_json(name_or_path, "config_sentence_transformers.json", kwargs) or {}
     name = config.get("model_type", "SentenceTransformer") if isinstance(config, dict) else "SentenceTransformer"
     cls = getattr(st, str(name), None)
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
@@ -256,22 +207,6 @@ def save(model: nn.Module, folder: str | os.PathLike, card: bool = True) -> None
         model.save(str(folder), create_model_card=card)
     else:
         model.save_pretrained(folder)
-
-
-def patch_folder(source: str, config: Any, out: str, overwrite: bool = False) -> tuple[nn.Module, int, int] | None:
-    """``posswap patch`` for a sentence-transformers folder: load, patch and write ``out`` as a
-    sentence-transformers folder, atomically. Returns the model and its transformer's
-    ``max_position_embeddings`` before and after; None when ``source`` is not a sentence-transformers model."""
-    from .files import write_folder
-
-    if transformer_folder(source) is None:
-        return None
-    model = load_sentence_transformer(source, device="cpu")
-    config_of = lambda: transformer_module(model).auto_model.config  # noqa: E731
-    before = config_of().max_position_embeddings
-    patch_sentence_transformer(model, config)
-    write_folder(out, lambda folder: model.save(str(folder)), overwrite=overwrite, source=source)
-    return model, before, config_of().max_position_embeddings
 
 
 def loading_lines(method: str, repo: str) -> list[str]:

@@ -94,3 +94,69 @@ def test_portable_names_are_imported_from_portable_only():
                 ]
     assert not through, f"import these from posswap.portable.<module> directly: {'; '.join(through)}"
     assert not (ROOT / "functional.py").exists()
+
+
+def module_name(path: str) -> str:
+    name = ".".join(Path(path).with_suffix("").parts)
+    return name.removesuffix(".__init__")
+
+
+def imports(trees: dict[str, ast.Module]) -> dict[str, set[str]]:
+    """Module -> the posswap modules it imports anywhere in its code (a lazy import inside a function counts: it
+    only hides a cycle from Python, not from the reader)."""
+    modules = {module_name(path): path for path in trees}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+        for node in ast.walk(trees[path]):
+            if isinstance(node, ast.ImportFrom):
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                target = ".".join([*parts, *([node.module] if node.module else [])])
+                for alias in node.names:
+                    found = f"{target}.{alias.name}" if f"{target}.{alias.name}" in modules else target
+                    if found in modules and found != name:
+                        graph[name].add(found)
+            elif isinstance(node, ast.Import):
+                graph[name] |= {alias.name for alias in node.names if alias.name in modules and alias.name != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles: each strongly connected group of more than one module (or a module importing itself)."""
+    order, low, stack, found, counter = {}, {}, [], [], iter(range(len(graph) * 2))
+
+    def visit(node: str) -> None:
+        order[node] = low[node] = next(counter)
+        stack.append(node)
+        for other in graph[node]:
+            if other not in order:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], order[other])
+        if low[node] == order[node]:
+            group = []
+            while not group or group[-1] != node:
+                group.append(stack.pop())
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in order:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles_among_posswap_modules():
+    # The package __init__ files re-export names: an edge to a package is an edge to its own modules.
+    graph = {name: {t for t in targets if t not in ("posswap",)} for name, targets in imports(sources()).items()}
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_lazy_cycle():
+    trees = {
+        "posswap/a.py": ast.parse("from .b import f\n"),
+        "posswap/b.py": ast.parse("def f():\n    from .a import g\n"),
+        "posswap/c.py": ast.parse("from . import a\n"),
+    }
+    assert cycles(imports(trees)) == [["posswap.a", "posswap.b"]]

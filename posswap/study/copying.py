@@ -14,7 +14,6 @@ import copy
 import json
 import os
 import signal
-import statistics
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -27,15 +26,14 @@ import torch
 from ..config import check_number
 from ..portable.posswap_block import migrate_block
 from .copier import CopierRecipe, copier, make_optimizer, tiled_windows, train_step
+from .copying_report import write_report
 from .plan import EXTEND, VARIANTS, variant_patch
-from .scoring import damage, hold_work, set_aside, write_json
+from .scoring import BASELINE, damage, hold_work, set_aside, write_json
 
 MULTIPLES = (0.5, 1.5, 3, 6)  # probed distances, in multiples of the copier's window; 6x is past the trained 4x
 CHECK_MULTIPLES = (0.25, 0.5, 0.75)  # where the copier must copy before anything uses it
 MIN_COPY = 4.0  # nats; perfect copying of random ids gains log 512 = 6.24
 TARGET = 3  # the multiple at which "reaches 4 nats" is asked
-BASELINE = "original trained"
-ORIGINAL = "original"
 PROBE_SEED_SALT = 100  # the probe's draws never equal a training seed's windows
 COPYING_VARIANTS = (*VARIANTS, "rope-keep", "alibi-keep")
 
@@ -381,8 +379,6 @@ def run_copying(
 
 
 def _run_copying(spec: CopyingSpec, work: Path, out: Path, jobs: int, progress: bool, rebuild_copier: bool) -> dict:
-    from .copying_report import write_report
-
     started = time.perf_counter()
     base_folder = Path(work) / "copier"
     clock = time.perf_counter()
@@ -422,11 +418,6 @@ def _patched(base, name: str, spec: CopyingSpec):
     import posswap
 
     return posswap.patch(copy.deepcopy(base), variant_config(name, spec.length))
-
-
-def mean_and_std(values: list[float]) -> tuple[float, float | None]:
-    """Mean and sample standard deviation (None for one value: no spread to measure)."""
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
 # --- the presets ----------------------------------------------------------------------------------------------

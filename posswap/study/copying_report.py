@@ -5,10 +5,17 @@ attention by offset that shows whether the previous-token head survived the patc
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
 from ..evaluation.plots import plt, save_figure
-from .copying import BASELINE, ORIGINAL, mean_and_std
+from .scoring import BASELINE, ORIGINAL
+
+
+def mean_and_std(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (None for one value: no spread to measure)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
 
 ATTENTION_PANELS = ("copy", "alibi", "rope")
 NEAR = 1.5  # just past the old window: where a retrofit first has to read what the original never could  # a table method, a relative bias, RoPE: the three ways a retrofit goes

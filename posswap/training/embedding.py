@@ -21,13 +21,14 @@ from torch import nn
 from transformers import ProgressCallback, TrainerCallback, get_cosine_schedule_with_warmup
 
 from ..files import write_folder
-from ..loading import resolve_model_id
+from ..loading import load_sentence_transformer, resolve_model_id
 from ..patching import patch, patched_config
-from ..sentence_models import load_sentence_transformer, save, transformer_module
+from ..sentence_models import save, transformer_module
 from .embedding_data import document_pairs
 from .embedding_teacher import TeacherLoss, teacher_rows
-from .loop import MAX_GRAD_NORM, _check_before_work, _local_source, _push, parameter_groups
+from .optimizer import MAX_GRAD_NORM, parameter_groups
 from .recipe import Recipe
+from .run_folder import check_before_work, local_source, push_run
 from .trainable import position_parameter_names, select_trainable
 
 FLAG = "train.output_dir: model folder"
@@ -40,7 +41,7 @@ def train_embedding(recipe: Recipe, raw, resume: bool, callbacks, overwrite: boo
     t, e = recipe.train, recipe.embedding
     if resume or force:
         raise ValueError("--resume / --force: an embedding recipe keeps no checkpoints to resume; run it again.")
-    _check_before_work(recipe, False, overwrite, False)  # the model folder, old checkpoints, a Hub login
+    check_before_work(recipe, False, overwrite, False)  # the model folder, old checkpoints, a Hub login
     run_dir, final_dir = Path(t.output_dir), Path(t.output_dir) / "model"
     torch.manual_seed(t.seed)
     model = load_sentence_model(recipe, patched=False)
@@ -81,12 +82,12 @@ def train_embedding(recipe: Recipe, raw, resume: bool, callbacks, overwrite: boo
     trainer.add_callback(LossBar())
     trainer.train()
     model.eval()
-    local = _local_source(recipe.model)
+    local = local_source(recipe.model)
     write_folder(final_dir, lambda folder: save(model, folder), overwrite=overwrite, source=local, flag=FLAG)
     with contextlib.suppress(OSError):  # the trainer's own folder, empty: it saves nothing (save_strategy "no")
         (run_dir / "trainer").rmdir()
     if recipe.push_to_hub:
-        _push(recipe, final_dir, run_dir, describe=False)  # sentence-transformers' card describes the training
+        push_run(recipe, final_dir, run_dir, describe=False)  # sentence-transformers' card describes the training
     return final_dir
 
 

@@ -24,27 +24,22 @@ from torch.utils.data import DataLoader, IterableDataset
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, get_cosine_schedule_with_warmup
 
-from ..files import check_folder_target, check_writable
 from ..loading import from_pretrained, load_tokenizer, resolve_model_id, save_model_and_tokenizer
 from ..patching import patch, patched_config
 from ..portable.posswap_architectures import ARCHITECTURES, find_sites
 from ..portable.posswap_files import absolute, hold
 from .checkpoint import (
-    check_optimizer_groups,
-    latest_checkpoint,
     load_checkpoint,
     log_lines_upto,
     prune_checkpoints,
-    resumable_checkpoint,
     save_checkpoint,
 )
 from .data import packed_windows, with_repeated_spans
 from .objectives import batch_preparer, stack_windows
-from .recipe import Recipe, recipe_differences
+from .optimizer import MAX_GRAD_NORM, group_settings, parameter_groups
+from .recipe import Recipe
+from .run_folder import RECIPE_JSON, check_before_work, local_source, push_run
 from .trainable import merged, position_parameter_names, select_trainable
-
-MAX_GRAD_NORM = 1.0
-RECIPE_JSON = "recipe.json"  # the resolved recipe the run's checkpoints were made with
 
 
 def load_patched_model(recipe: Recipe):
@@ -76,12 +71,6 @@ def check_vocabulary(tokenizer, model, recipe: Recipe) -> None:
             f"ids from {rows} up have no embedding. Use the model's own tokenizer, or resize the model's embeddings "
             "(model.resize_token_embeddings) and save it first."
         )
-
-
-def _local_source(name: str) -> str | None:
-    """The folder the model is read from, if it is one (a run must not replace its own starting point)."""
-    path = resolve_model_id(name)
-    return path if Path(path).exists() else None
 
 
 def _has_accelerator() -> bool:
@@ -144,7 +133,7 @@ def hold_run_dir(run_dir: Path) -> Iterator[None]:
 
 def _train(recipe: Recipe, raw, resume: bool, callbacks, overwrite: bool, force: bool) -> Path:
     """One training run, as nanoGPT reads: check -> build -> resume -> train each stage -> save, evaluate, push."""
-    checkpoint = _check_before_work(recipe, resume, overwrite, force)
+    checkpoint = check_before_work(recipe, resume, overwrite, force)
     accelerator = _accelerator(recipe.train)
     run = _build(recipe, accelerator)
     if checkpoint is not None:
@@ -183,34 +172,6 @@ class _Run:
     @property
     def log_path(self) -> Path:
         return self.run_dir / "log.jsonl"
-
-
-def _check_before_work(recipe: Recipe, resume: bool, overwrite: bool, force: bool):
-    """Everything that can be refused before a model is loaded; returns the checkpoint to resume from (or None)."""
-    t, run_dir = recipe.train, Path(recipe.train.output_dir)
-    final_dir = run_dir / "model"
-    # Found out now, not after the training: the final save may not replace what is there.
-    check_folder_target(
-        final_dir, overwrite or resume, _local_source(recipe.model), flag="train.output_dir: model folder"
-    )
-    check_writable(final_dir, flag="train.output_dir: model folder")  # permissions, a read-only or immutable folder
-    if not resume and latest_checkpoint(run_dir) is not None:
-        raise ValueError(
-            f"{run_dir} already holds checkpoints: pass --resume to continue, or choose another train.output_dir."
-        )
-    checkpoint = resumable_checkpoint(run_dir) if resume else None  # checked before anything is loaded
-    if checkpoint is not None:  # also under --force: a changed group count cannot carry the optimizer over
-        check_optimizer_groups(checkpoint, len(group_settings(t)))
-    if resume and not force:
-        check_same_recipe(run_dir, recipe)
-    if recipe.push_to_hub:
-        from huggingface_hub import get_token
-
-        if get_token() is None:  # found out now, not after the training
-            raise ValueError(
-                "push_to_hub is set but you are not logged in to the Hub: run `hf auth login` or set HF_TOKEN."
-            )
-    return checkpoint
 
 
 def _accelerator(t) -> Accelerator:
@@ -385,50 +346,14 @@ def _finish(run: _Run, replace: bool) -> Path:
             run.tokenizer,
             final_dir,
             overwrite=replace,
-            source=_local_source(recipe.model),
+            source=local_source(recipe.model),
             flag="train.output_dir: model folder",
         )
         _evaluate(recipe, final, run.tokenizer, run.run_dir, accelerator.device)
         if recipe.push_to_hub:
-            _push(recipe, final_dir, run.run_dir)
+            push_run(recipe, final_dir, run.run_dir)
     accelerator.wait_for_everyone()
     return final_dir
-
-
-def check_same_recipe(run_dir: Path, recipe: Recipe) -> None:
-    """Refuse to resume checkpoints made with another recipe, naming the keys that differ."""
-    stored = run_dir / RECIPE_JSON
-    if not stored.is_file():  # a run folder from before recipe.json was kept: nothing to compare with
-        return
-    changed = recipe_differences(json.loads(stored.read_text()), json.loads(json.dumps(recipe.to_dict())))
-    if changed:
-        raise ValueError(
-            f"--resume: the checkpoints in {run_dir} were made with another recipe; it differs in "
-            f"{'; '.join(changed)}. Pass --force to resume with this one anyway, or choose another train.output_dir."
-        )
-
-
-def group_settings(t) -> list[tuple[float, float]]:
-    """(lr, weight decay) of each AdamW group, in order: weights (decay), then biases and norms (none); with
-    ``train.position_lr`` the same two again for the position parameters at that rate. A new T5 bias or TUPE
-    correlation starts near zero and Adam moves a weight about lr per step, so at a fine-tuning lr it barely grows
-    (measured: max |b| 0.022 after 150 steps at 3e-4)."""
-    rates = [t.lr] if t.position_lr is None else [t.lr, t.position_lr]
-    return [(rate, decay) for rate in rates for decay in (t.weight_decay, 0.0)]
-
-
-def parameter_groups(model, positions: set[int], t) -> list[dict]:
-    """AdamW's groups as ``group_settings`` orders them; ``positions`` holds the ids of the position parameters."""
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    if t.position_lr is None:
-        kinds = [trainable]
-    else:
-        kinds = [[p for p in trainable if id(p) not in positions], [p for p in trainable if id(p) in positions]]
-    selections = [[p for p in kind if (p.ndim >= 2) == decays] for kind in kinds for decays in (True, False)]
-    return [
-        {"params": params, "lr": lr, "weight_decay": decay}
-        for params, (lr, decay) in zip(selections, group_settings(t))
-    ]
 
 
 def _use_recipe_rates(optimizer, scheduler, t) -> None:
@@ -496,29 +421,3 @@ def _evaluate(recipe: Recipe, model, tokenizer, run_dir: Path, device: torch.dev
         device=device,
     )
     print(results.table())
-
-
-def _push(recipe: Recipe, final_dir: Path, run_dir: Path, describe: bool = True) -> None:
-    """``final_dir`` to the recipe's repo; ``describe``: with posswap's card of the run (False: the folder's own
-    README.md, as a sentence-transformers folder has one from its trainer)."""
-    from huggingface_hub.errors import HfHubHTTPError
-
-    from ..hub import push_to_hub
-
-    results = run_dir / "eval" / "results.json"
-    card_args = {
-        "results": results if results.exists() else None,
-        "plots": sorted((run_dir / "eval").glob("*.png")),
-        "base_model": None if Path(recipe.model).exists() or recipe.model.startswith("posswap:") else recipe.model,
-        "data": recipe.data.train,
-        "steps": recipe.train.max_steps,
-    }
-    try:
-        url = push_to_hub(final_dir, recipe.push_to_hub, **(card_args if describe else {}))
-    except (OSError, HfHubHTTPError) as error:  # the run is not lost: say where it is and how to push it
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0].rstrip(".")  # the Hub's first line
-        raise OSError(
-            f"the trained model is saved in {final_dir}, but the push to {recipe.push_to_hub} failed: {reason}. "
-            f"Push it with `posswap push {final_dir} {recipe.push_to_hub}`."
-        ) from None
-    print(f"Pushed to {url}")
