@@ -34,9 +34,9 @@ TARGET = 0.8  # issue 23: passkey accuracy at 4x the original length after train
 # Untrained models first: the stock model and the extensions (the retrieval evaluation's run, one folder per task),
 # then the stride placement; then the recipe's runs (copy init as the recipe says, and stride init with --set).
 UNTRAINED = ("untrained/{task}", "trained/stride-untrained")
-TRAINED = ("trained-stride", "trained")  # then any other trained-* run, by name
+TRAINED = ("trained-teacher", "trained-stride", "trained")  # then any other trained-* run, by name
 # The runs of the recipe as shipped (stride init; trained/ holds the copy init it had first): the README's verdict.
-RECIPE_RUN = "trained-stride"
+RECIPE_RUN = "trained-teacher"
 # The stock model's chunk baselines (posswap eval posswap:minilm --baselines chunk-mean chunk-max), and the long
 # models with their late chunks (--baselines late-chunk-max), on the same documents.
 CHUNKING = ("baselines/{task}", "late-chunks/{task}")
@@ -154,7 +154,7 @@ def merged_results(root: Path, task: str) -> tuple[dict, list[Path], tuple[str, 
     """Every model scored on ``task`` in one mapping (untrained first, then the recipe's runs), the folders read
     and the recipe's run folders."""
     runs = TRAINED + tuple(sorted(p.name for p in root.glob("trained-*") if p.name not in TRAINED))
-    folders = [root / f.format(task=task) for f in UNTRAINED + runs]
+    folders = [root / f.format(task=task) for f in UNTRAINED] + run_folders(root, runs, task)
     found = [f for f in folders if (f / "retrieval.json").is_file() and load(f)["task"] == task]
     if not found:
         raise SystemExit(f"readme_embeddings: no {task} results in {root}; run the evaluation first.")
@@ -162,6 +162,11 @@ def merged_results(root: Path, task: str) -> tuple[dict, list[Path], tuple[str, 
     for folder in found[1:]:
         results = merged(results, load(folder))
     return seed_groups(results), found, runs
+
+
+def run_folders(root: Path, runs, task: str) -> list[Path]:
+    """Where a run's results on ``task`` may be: its folder (the passkey runs), or ``<run>/<task>``."""
+    return [folder for run in runs for folder in (root / run, root / run / task)]
 
 
 def plot_all(root: Path, task: str) -> Path:
@@ -245,12 +250,23 @@ def chunking_block(root: Path, task: str) -> list[str]:
     if missing:
         raise SystemExit(f"readme_embeddings: no {task} results in {', '.join(missing)}; run the evaluation first.")
     results = merged(load(folders[0]), load(folders[1]))
+    # The shipped recipe's runs (one column, its seeds' mean and spread), where they were scored on this task.
+    recipe = sorted(p.name for p in root.glob(f"{RECIPE_RUN}*") if p.name == RECIPE_RUN or SEED.match(p.name))
+    for folder in run_folders(root, recipe, task):
+        if (folder / "retrieval.json").is_file() and load(folder)["task"] == task:
+            results = merged(results, load(folder))
+    results = seed_groups(results)
     lines = table(results) + [
         "",
         f"{task} retrieval, accuracy at 1 ± standard error, {results['documents']} documents per length (chance "
         f"{1 / results['documents']:.2f}), seed {results['seed']}. `@256`: chunks of 256 tokens, the stock model's "
         "limit; chunk-mean keeps one vector per document (the mean of its chunks'), chunk-max and late-chunk-max one "
-        "per chunk (a document scores its best chunk).",
+        "per chunk (a document scores its best chunk)."
+        + (
+            " A column of n seeds: mean ± standard deviation over n trainings of the recipe with different seeds."
+            if any(name.endswith(" seeds)") for name in results["models"])
+            else ""
+        ),
         "",
     ]
     return lines + [verdict_line(results)]

@@ -74,7 +74,7 @@ def train_embedding(recipe: Recipe, raw, resume: bool, callbacks, overwrite: boo
         train_dataset=pairs if taught is None else datasets.DatasetDict({"pairs": pairs, "teacher": taught}),
         loss=ranking_loss(model, e)
         if taught is None
-        else {"pairs": ranking_loss(model, e), "teacher": TeacherLoss(model, e.teacher_weight)},
+        else {"pairs": ranking_loss(model, e), "teacher": TeacherLoss(model)},
         optimizers=optimizer_and_schedule(model, positions, t),
         callbacks=[JsonLog(run_dir / "log.jsonl", model, callbacks)],
     )

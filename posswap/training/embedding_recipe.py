@@ -48,7 +48,6 @@ class EmbeddingSpec:
             "with its embedding then, trained with 1 - cosine beside the pairs: keeps what it gave there. 0: none."
         },
     )
-    teacher_weight: float = field(default=1.0, metadata={"help": "Weight of the teacher's loss against the pairs'."})
 
     def validate(self, max_length: int | None) -> None:
         check_positive_int("embedding.anchor_words", self.anchor_words)  # the lengths are checked against it
@@ -84,7 +83,6 @@ class EmbeddingSpec:
             raise ValueError(
                 f"embedding.teacher must be a whole number of texts >= 0 (0: none), got {shown(self.teacher)}."
             )
-        check_number("embedding.teacher_weight", self.teacher_weight, above=0)
 
 
 def check_embedding_recipe(recipe: Any, defaults: Any) -> None:
