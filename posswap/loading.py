@@ -29,7 +29,7 @@ from .portable.modeling_posswap import (
 from .portable.posswap_block import check_block, migrate_block, weights_mismatch
 from .portable.posswap_runtime import RUNTIME_METHODS
 from .sentence_models import (
-    HUB_KWARGS,
+    SENTENCE_HUB_KWARGS,
     check_max_seq_length,
     check_modules,
     import_sentence_transformers,
@@ -330,7 +330,7 @@ def load_sentence_transformer(name_or_path: str, **kwargs: Any) -> nn.Module | N
     check_max_seq_length(name_or_path, subfolder, config[CONFIG_KEY], kwargs)
 
     # The transformer through posswap's loader first: a damaged folder fails with posswap's message.
-    hub = {k: kwargs[k] for k in HUB_KWARGS if k in kwargs}
+    hub = {k: kwargs[k] for k in SENTENCE_HUB_KWARGS if k in kwargs}
     if kwargs.get("cache_folder"):
         hub["cache_dir"] = kwargs["cache_folder"]
     patched = load_transformers_model(

@@ -31,7 +31,7 @@ from .portable.posswap_hooks import find_hooks
 
 INSTALL = "pip install 'posswap[st]'"
 # Keywords of posswap.from_pretrained that locate files; the transformer inside the folder is read with them too.
-HUB_KWARGS = ("revision", "token", "local_files_only")
+SENTENCE_HUB_KWARGS = ("revision", "token", "local_files_only")
 
 
 def is_sentence_transformer(obj: Any) -> bool:
@@ -62,9 +62,11 @@ class GuardFeatures:
     the features first. An object, not a closure: deepcopy and pickling carry it."""
 
     def __call__(self, module: nn.Module, args: tuple) -> None:
+        base = module.auto_model
+        if getattr(type(base).forward, "runs_hooks", False):  # posswap's class: its forward runs the guard itself
+            return
         features = args[0] if args and isinstance(args[0], Mapping) else {}  # a dict, or a BatchEncoding
         inputs = {k: features[k] for k in ("input_ids", "inputs_embeds", "position_ids") if k in features}
-        base = module.auto_model
         for guard in find_hooks(base, LengthGuard):
             guard(base, (), inputs)
 
@@ -119,7 +121,7 @@ def read_json(name_or_path: str, filename: str, kwargs: dict) -> Any:
             _raise_exceptions_for_missing_entries=False,
             _raise_exceptions_for_connection_errors=False,
             cache_dir=kwargs.get("cache_folder") or kwargs.get("cache_dir"),
-            **{k: kwargs[k] for k in HUB_KWARGS if k in kwargs},
+            **{k: kwargs[k] for k in SENTENCE_HUB_KWARGS if k in kwargs},
         )
     except OSError:  # no such repo: the caller's own loading says so in its words
         return None

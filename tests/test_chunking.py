@@ -146,3 +146,17 @@ def test_an_unknown_baseline_is_one_line_before_any_model_loads(tmp_path, capsys
         "got ['chunk-best']."
     )
     assert not out.exists()
+
+
+def test_each_text_is_embedded_once_per_model_however_many_columns_read_it(tokenizer):
+    class Counting(NameEncoder):
+        def encode(self, texts, **kwargs):
+            self.seen = getattr(self, "seen", 0) + len(texts)
+            return super().encode(texts, **kwargs)
+
+    encoder = Counting(tokenizer, 128)
+    evaluate_retrieval(
+        {"names": encoder}, "passkey", [512], documents=10, baselines=["chunk-mean", "chunk-max"], progress=False
+    )
+    chunks = 10 * math.ceil((512 - 2) / 126)  # each 512-token document in chunks of 126 word pieces
+    assert encoder.seen == 10 + 10 + chunks  # queries, documents, chunks: once each

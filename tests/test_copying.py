@@ -106,7 +106,8 @@ def test_cli_refuses_text_study_flags_on_the_copier(tmp_path, capsys):
     assert not (tmp_path / "w").exists()
 
 
-def _toy_spec(**changes) -> CopyingSpec:
+def toy_spec(**changes) -> CopyingSpec:
+    """A study of the toy copier (it cannot copy: its check is off), three variants, two seeds, four steps."""
     settings = dict(
         name="toy",
         variants=("copy", "alibi", "rope"),
@@ -125,7 +126,7 @@ def _toy_spec(**changes) -> CopyingSpec:
 
 
 def test_the_study_runs_end_to_end_on_a_toy_and_reuses_finished_runs(tmp_path):
-    spec = _toy_spec()
+    spec = toy_spec()
     results = run_copying(spec, tmp_path / "work", tmp_path / "out", jobs=1, progress=False)
     assert set(results["runs"]) == {"copy", "alibi", "rope", BASELINE}
     for runs in results["runs"].values():
@@ -145,12 +146,12 @@ def test_the_study_runs_end_to_end_on_a_toy_and_reuses_finished_runs(tmp_path):
     first = (tmp_path / "work" / "runs" / "copy" / "seed0.json").stat().st_mtime_ns
     run_copying(spec, tmp_path / "work", tmp_path / "out2", jobs=1, progress=False)
     assert (tmp_path / "work" / "runs" / "copy" / "seed0.json").stat().st_mtime_ns == first
-    other = run_copying(_toy_spec(steps=2), tmp_path / "work", tmp_path / "out3", jobs=1, progress=False)
+    other = run_copying(toy_spec(steps=2), tmp_path / "work", tmp_path / "out3", jobs=1, progress=False)
     assert [p["step"] for p in other["runs"]["copy"][0]["curve"]] == [0, 2]  # another budget is another run
 
 
 def test_runs_in_worker_processes_equal_runs_in_this_one(tmp_path):
-    spec = _toy_spec(variants=("alibi",), seeds=(0,), baseline=False, untrained_rows=())
+    spec = toy_spec(variants=("alibi",), seeds=(0,), baseline=False, untrained_rows=())
     here = run_copying(spec, tmp_path / "a", tmp_path / "oa", jobs=1, progress=False)
     there = run_copying(spec, tmp_path / "b", tmp_path / "ob", jobs=2, progress=False)
     drops = [[p["drop"] for p in r["runs"]["alibi"][0]["curve"]] for r in (here, there)]

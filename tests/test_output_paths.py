@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from test_copying import toy_spec
 
 import posswap
 from posswap.cli import main
 from posswap.data import GPT2_TOKENIZER_DIR, read_document
 from posswap.study import copying
-from posswap.study.copier import CopierRecipe
 
 LENGTH = 64
 
@@ -151,26 +151,10 @@ def test_patch_writes_the_folder_meant(base, rope_reference, root, shape, capsys
 def tiny_st(minilm_path, tmp_path_factory):
     """A sentence-transformers folder around a tiny BERT (MiniLM's tokenizer, mean pooling)."""
     st = pytest.importorskip("sentence_transformers")
-    try:  # sentence-transformers 6
-        from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-    except ImportError:  # 5
-        from sentence_transformers.models import Pooling, Transformer
+    from test_sentence_transformers import tiny_sentence_transformer
+
     root = tmp_path_factory.mktemp("st")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_path, model_max_length=32)
-    torch.manual_seed(0)
-    bert = transformers.BertModel(
-        transformers.BertConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=37,
-            max_position_embeddings=32,
-        )
-    )
-    bert.save_pretrained(root / "bert")
-    tokenizer.save_pretrained(root / "bert")
-    model = st.SentenceTransformer(modules=[Transformer(str(root / "bert")), Pooling(32, "mean")], device="cpu")
+    model = tiny_sentence_transformer(root / "bert", minilm_path)
     model.save(str(root / "st"))
     texts = ["A short sentence.", " ".join(["Emma Woodhouse, handsome, clever, and rich"] * 6)]
     reference = posswap.patch(st.SentenceTransformer(str(root / "st"), device="cpu"), posswap.AlibiConfig(LENGTH))
@@ -285,23 +269,19 @@ def test_export_writes_the_folder_meant(patched_folder, rope_reference, root, sh
 
 # --- posswap study ---------------------------------------------------------------------------------------------
 
-TOY = CopierRecipe(vocab=64, length=32, n_layer=1, n_embd=32, n_head=2, steps=3, batch_size=4, period=(4, 16))
-
 
 def toy_preset(variants: tuple[str, ...]) -> copying.CopyingSpec:
-    return copying.CopyingSpec(
+    """The mini preset on the toy copier, trained in the work folder: two steps, one seed, no baseline."""
+    return toy_spec(
         name="mini",
         variants=variants,
         steps=2,
-        batch_size=2,
-        probe_every=2,
         seeds=(0,),
-        span=4,
         spans=2,
         baseline=False,
-        copier=TOY,
-        copier_min_drop=-100.0,  # a toy copier does not copy
-        shipped_copier=False,  # trained in the work folder
+        shipped_copier=False,
+        untrained_rows=(),
+        schedules={},
     )
 
 
@@ -323,7 +303,7 @@ def test_study_writes_its_work_and_results_where_meant(root, shape, monkeypatch,
     results = json.loads((expected_out / "copying.json").read_text())
     assert set(results["runs"]) == set(variants)
     assert (expected_out / "summary.md").is_file() and (expected_out / "probe.png").is_file()
-    assert posswap.from_pretrained(str(expected_work / "copier")).config.n_positions == TOY.length
+    assert posswap.from_pretrained(str(expected_work / "copier")).config.n_positions == toy_spec().copier.length
     stamps = [run.stat().st_mtime_ns for run in runs]
     assert main(args) == 0, capsys.readouterr().err
     assert [run.stat().st_mtime_ns for run in runs] == stamps  # found again: the same folder

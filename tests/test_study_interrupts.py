@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_copying import TOY
+from test_copying import toy_spec
 
 from posswap.cli import main
 from posswap.study import copying, plan
@@ -41,19 +41,7 @@ WAIT = 240  # seconds at most for a subprocess to reach its gate or to finish (2
 
 def copying_spec() -> CopyingSpec:
     """Three runs (copy, alibi, the baseline), one seed, four steps on the toy copier (it cannot copy: no check)."""
-    return CopyingSpec(
-        name="toy",
-        variants=("copy", "alibi"),
-        steps=4,
-        batch_size=2,
-        probe_every=2,
-        seeds=(0,),
-        span=4,
-        spans=3,
-        copier=TOY,
-        copier_min_drop=-100.0,
-        untrained_rows=("alibi",),
-    )
+    return toy_spec(variants=("copy", "alibi"), seeds=(0,), schedules={})
 
 
 def text_spec(text: str) -> BaseSpec:

@@ -6,7 +6,8 @@
 
 A generated block sits between ``<!-- posswap:embeddings-NAME -->`` and ``<!-- /posswap:embeddings-NAME -->``
 (NAME: ``passkey``, ``needle``, ``speed``, ``passkey-chunking`` and ``needle-chunking`` (chunk baselines and late
-chunks), and ``passkey-summary``: the passkey table with the verdict on the recipe's runs only, for the README); ``--write`` replaces what is between them and nothing else.
+chunks), ``chunking-verdict`` (both tasks' verdict lines), and ``passkey-summary``: the passkey table with the
+verdict on the recipe's runs only, for the README); ``--write`` replaces what is between them and nothing else.
 
 Reads ``<results>/untrained/retrieval.json`` (stock MiniLM and each extension untrained),
 ``<results>/trained/stride-untrained/retrieval.json`` (the stride placement, untrained) and
@@ -186,17 +187,7 @@ def retrieval_block(root: Path, task: str, summary: bool = False) -> list[str]:
     names = list(results["models"])
     untrained = {name for folder in found if not folder.name.startswith("trained") for name in load(folder)["models"]}
     trained = [name for name in names if name not in untrained and "untrained" not in name]
-    lines = table(results)
-    lines += [
-        "",
-        f"{results['task']} retrieval, accuracy at 1 ± standard error, {results['documents']} documents "
-        f"per length (chance {1 / results['documents']:.2f}), seed {results['seed']}."
-        + (
-            " A column of n seeds: mean ± standard deviation over n trainings of the recipe with different seeds."
-            if any(name.endswith(" seeds)") for name in names)
-            else ""
-        ),
-    ]
+    lines = [*table(results), "", caption(results)]
     if not trained:
         return lines
     lines.append("")
@@ -256,51 +247,64 @@ def chunking_block(root: Path, task: str) -> list[str]:
         if (folder / "retrieval.json").is_file() and load(folder)["task"] == task:
             results = merged(results, load(folder))
     results = seed_groups(results)
-    lines = table(results) + [
-        "",
-        f"{task} retrieval, accuracy at 1 ± standard error, {results['documents']} documents per length (chance "
-        f"{1 / results['documents']:.2f}), seed {results['seed']}. `@256`: chunks of 256 tokens, the stock model's "
-        "limit; chunk-mean keeps one vector per document (the mean of its chunks'), chunk-max and late-chunk-max one "
-        "per chunk (a document scores its best chunk)."
-        + (
-            " A column of n seeds: mean ± standard deviation over n trainings of the recipe with different seeds."
-            if any(name.endswith(" seeds)") for name in results["models"])
-            else ""
-        ),
-        "",
-    ]
-    return lines + [verdict_line(results)]
+    chunk = sorted({n.rsplit("@", 1)[1] for n in results["models"] if "@" in n})  # the columns say the size
+    sizes = f"`@{'`, `@'.join(chunk)}`: chunks of that many tokens, the stock model's limit; " if chunk else ""
+    what = (
+        "chunk-mean keeps one vector per document (the mean of its chunks'), chunk-max and late-chunk-max one per "
+        "chunk (a document scores its best chunk)."
+    )
+    return [*table(results), "", caption(results, sizes + what), "", verdict_line(results)]
+
+
+def caption(results: dict, more: str = "") -> str:
+    """The line under a results table: metric, documents, chance, seed, what a column of seeds shows, and ``more``."""
+    seeds = any(name.endswith(" seeds)") for name in results["models"])
+    return " ".join(
+        part
+        for part in (
+            f"{results['task']} retrieval, accuracy at 1 ± standard error, {results['documents']} documents per "
+            f"length (chance {1 / results['documents']:.2f}), seed {results['seed']}.",
+            more,
+            "A column of n seeds: mean ± standard deviation over n trainings of the recipe with different seeds."
+            if seeds
+            else "",
+        )
+        if part
+    )
 
 
 def winners(results: dict) -> list[tuple[int, str, str]]:
-    """Per length: (length, the kind that scores most: "one vector", "chunks" or "late chunks", its column)."""
+    """Per length: (its index, the kind that scores most: "one vector", "chunks" or "late chunks", its column).
+    Within one standard error of the best, the cheapest kind wins: one vector, then the stock model's chunks."""
     models, out = results["models"], []
     kinds = {
         "one vector": [n for n in models if "@" not in n],
         "chunks": [n for n in models if " chunk-max@" in n and "late-chunk" not in n],
         "late chunks": [n for n in models if "late-chunk-max@" in n],
     }
-    for i, length in enumerate(results["lengths"]):
+    for i in range(len(results["lengths"])):
         best = {kind: max(names, key=lambda n: models[n]["accuracy"][i]) for kind, names in kinds.items() if names}
         top = max(best.values(), key=lambda n: models[n]["accuracy"][i])
         floor = models[top]["accuracy"][i] - models[top]["stderr"][i]
-        # Within one standard error of the best, the cheapest wins: one vector, then the stock model's chunks.
         kind = next(k for k in best if models[best[k]]["accuracy"][i] >= floor)
-        out.append((length, kind, best[kind]))
+        out.append((i, kind, best[kind]))
     return out
 
 
 def verdict_line(results: dict) -> str:
-    """One line: up to which length one long vector wins, and what wins past it."""
-    models, parts = results["models"], []
-    for length, kind, name in winners(results):
-        i = results["lengths"].index(length)
-        parts.append(f"{length}: {kind} ({name}, {models[name]['accuracy'][i]:.2f})")
+    """One line: which way of keeping a long document finds it most often at each length."""
+    models, lengths = results["models"], results["lengths"]
+    parts = [f"{lengths[i]}: {kind} ({name}, {models[name]['accuracy'][i]:.2f})" for i, kind, name in winners(results)]
     return (
         f"Best per length ({results['task']}; within one standard error of the best, the fewest vectors): "
         + "; ".join(parts)
         + "."
     )
+
+
+def verdict_block(root: Path) -> list[str]:
+    """Both tasks' verdict lines, for the README."""
+    return [f"- {chunking_block(root, task)[-1]}" for task in ("passkey", "needle")]
 
 
 def blocks(results: Path, speed: Path) -> dict[str, list[str]]:
@@ -309,8 +313,10 @@ def blocks(results: Path, speed: Path) -> dict[str, list[str]]:
         for task in ("passkey", "needle")
         if all((results / f.format(task=task)).is_dir() for f in CHUNKING)
     }
+    verdict = {"chunking-verdict": verdict_block(results)} if len(chunking) == 2 else {}
     return {
         **chunking,
+        **verdict,
         "passkey": retrieval_block(results, "passkey"),
         "passkey-summary": retrieval_block(results, "passkey", summary=True),
         "needle": retrieval_block(results, "needle"),

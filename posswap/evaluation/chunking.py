@@ -94,6 +94,11 @@ def _check_late_chunking(model: Any, texts: list[str], chunk_tokens: int) -> int
     return pooling_at
 
 
+def cosine_scores(queries: torch.Tensor, documents: torch.Tensor) -> torch.Tensor:
+    """(queries, documents) cosine similarities."""
+    return F.normalize(queries, dim=-1) @ F.normalize(documents, dim=-1).T
+
+
 def mean_vector(chunks: torch.Tensor) -> torch.Tensor:
     """One vector for a document from its chunks': the mean of their unit vectors."""
     return F.normalize(chunks, dim=-1).mean(dim=0)
@@ -101,5 +106,4 @@ def mean_vector(chunks: torch.Tensor) -> torch.Tensor:
 
 def best_chunk_scores(queries: torch.Tensor, documents: list[torch.Tensor]) -> torch.Tensor:
     """(queries, documents) cosine scores where a document scores its best chunk."""
-    queries = F.normalize(queries, dim=-1)
-    return torch.stack([(queries @ F.normalize(chunks, dim=-1).T).max(dim=1).values for chunks in documents], dim=1)
+    return torch.stack([cosine_scores(queries, chunks).max(dim=1).values for chunks in documents], dim=1)

@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .chunking import BASELINES, best_chunk_scores, chunk_vectors, late_chunks, mean_vector
+from .chunking import BASELINES, best_chunk_scores, chunk_vectors, cosine_scores, late_chunks, mean_vector
 from .retrieval_tasks import (
     DEFAULT_HAYSTACK,
     TASKS,
@@ -236,10 +235,11 @@ def evaluate_retrieval(
     tasks = build_tasks(task, tokenizer, lengths, documents, seed, haystack)
     results = RetrievalResults(task, lengths, documents, seed, DEPTH_BUCKETS, _settings(tasks, label, haystack))
     steps = tqdm(total=(len(models) + len(columns)) * len(tasks), desc=f"{task} retrieval", disable=not progress)
+    vectors = Vectors(batch_size)
     for name, model in models.items():
-        results.models[name] = _evaluate_model(model, tasks, batch_size, steps, name)
+        results.models[name] = _evaluate_model(model, tasks, vectors, steps, name)
     for column, (name, kind, chunk) in columns.items():
-        results.models[column] = _evaluate_baseline(models[name], kind, chunk, tasks, batch_size, steps, column)
+        results.models[column] = _evaluate_baseline(models[name], kind, chunk, tasks, vectors, steps, column)
     steps.close()
     return results
 
@@ -293,26 +293,46 @@ def _settings(tasks: list[RetrievalTask], tokenizer: str, haystack: str | None) 
     }
 
 
-def _evaluate_model(model, tasks: list[RetrievalTask], batch_size: int, steps, name: str) -> ModelRetrieval:
+class Vectors:
+    """Each model's vectors of each task's texts, computed once within one evaluation: a baseline column reuses its
+    model's query vectors, and chunk-mean and chunk-max the same chunk vectors."""
+
+    def __init__(self, batch_size: int):
+        self.batch_size, self.memo = batch_size, {}
+
+    def __call__(self, model, task: RetrievalTask, kind: str, chunk: int = 0):
+        """``kind``: queries, documents, chunks (each chunk embedded alone) or late (late chunks)."""
+        key = (id(model), task.length, kind, chunk)  # the models outlive the evaluation: ids stay theirs
+        if key not in self.memo:
+            self.memo[key] = self._compute(model, task, kind, chunk)
+        return self.memo[key]
+
+    def _compute(self, model, task: RetrievalTask, kind: str, chunk: int):
+        if kind == "chunks":
+            return chunk_vectors(model, task.documents, chunk, self.batch_size)
+        if kind == "late":
+            return late_chunks(model, task.documents, chunk, self.batch_size)
+        return _encode(model, task.queries if kind == "queries" else task.documents, self.batch_size)
+
+
+def _evaluate_model(model, tasks: list[RetrievalTask], vectors: Vectors, steps, name: str) -> ModelRetrieval:
     def score(task: RetrievalTask) -> torch.Tensor:
-        queries, documents = _encode(model, task.queries, batch_size), _encode(model, task.documents, batch_size)
-        return F.normalize(queries, dim=-1) @ F.normalize(documents, dim=-1).T
+        return cosine_scores(vectors(model, task, "queries"), vectors(model, task, "documents"))
 
     return _scored(score, getattr(model, "max_seq_length", None), tasks, steps, name)
 
 
-def _evaluate_baseline(model, kind: str, chunk: int, tasks, batch_size: int, steps, name: str) -> ModelRetrieval:
+def _evaluate_baseline(model, kind: str, chunk: int, tasks, vectors: Vectors, steps, name: str) -> ModelRetrieval:
     """``kind`` of :data:`BASELINES` for ``model`` with chunks of ``chunk`` tokens."""
 
     def score(task: RetrievalTask) -> torch.Tensor:
-        queries = _encode(model, task.queries, batch_size)
+        queries = vectors(model, task, "queries")
         if kind == "late-chunk-max":
-            return best_chunk_scores(queries, late_chunks(model, task.documents, chunk, batch_size))
-        chunks = chunk_vectors(model, task.documents, chunk, batch_size)
+            return best_chunk_scores(queries, vectors(model, task, "late", chunk))
+        chunks = vectors(model, task, "chunks", chunk)
         if kind == "chunk-max":
             return best_chunk_scores(queries, chunks)
-        documents = torch.stack([mean_vector(c) for c in chunks])
-        return F.normalize(queries, dim=-1) @ F.normalize(documents, dim=-1).T
+        return cosine_scores(queries, torch.stack([mean_vector(c) for c in chunks]))
 
     limit = getattr(model, "max_seq_length", None) if kind == "late-chunk-max" else chunk
     return _scored(score, limit, tasks, steps, name)
@@ -341,7 +361,7 @@ def _encode(model, texts: list[str], batch_size: int) -> torch.Tensor:
 def retrieval_hits(queries: torch.Tensor, documents: torch.Tensor) -> list[float]:
     """Per query ``i`` (answered by document ``i``): 1 when its document scores highest, ``1/k`` when it ties
     with ``k - 1`` others at the top, else 0. Scores are cosine similarities."""
-    return hits_from_scores(F.normalize(queries, dim=-1) @ F.normalize(documents, dim=-1).T)
+    return hits_from_scores(cosine_scores(queries, documents))
 
 
 def hits_from_scores(scores: torch.Tensor) -> list[float]:

@@ -108,4 +108,5 @@ def forward_through_hooks(stock_forward: Callable) -> Callable:
             return self(*args, **kwargs)
         return stock_forward(self, *args, **kwargs)
 
+    forward.runs_hooks = True  # read by sentence_models.GuardFeatures: such a class guards itself
     return forward

@@ -44,7 +44,7 @@ def train_embedding(recipe: Recipe, raw, resume: bool, callbacks, overwrite: boo
     check_before_work(recipe, False, overwrite, False)  # the model folder, old checkpoints, a Hub login
     run_dir, final_dir = Path(t.output_dir), Path(t.output_dir) / "model"
     torch.manual_seed(t.seed)
-    model = load_sentence_model(recipe, patched=False)
+    model = load_sentence_model(recipe)
     taught = teacher_rows(model, recipe.data.train, e.teacher, e.anchor_words, t.seed, recipe.data.text_column)
     patch_as_the_recipe_says(model, recipe)
     check_document_lengths(model, e.document_lengths)
@@ -102,19 +102,15 @@ def check_document_lengths(model, lengths: list[int]) -> None:
         )
 
 
-def load_sentence_model(recipe: Recipe, patched: bool = True):
-    """The recipe's model as a ``SentenceTransformer`` on the CPU, patched as the recipe says (``patched=False``:
-    as found); a folder that is a plain transformers encoder is wrapped with mean pooling (as
-    ``SentenceTransformer(name)`` does)."""
+def load_sentence_model(recipe: Recipe):
+    """The recipe's model as a ``SentenceTransformer`` on the CPU, as found (:func:`patch_as_the_recipe_says`
+    patches it, after the teacher read it); a folder that is a plain transformers encoder is wrapped with mean
+    pooling (as ``SentenceTransformer(name)`` does)."""
     from sentence_transformers import SentenceTransformer
 
     name = resolve_model_id(recipe.model)
     model = load_sentence_transformer(name, device="cpu")
-    if model is None:
-        model = SentenceTransformer(name, device="cpu")
-    if patched:
-        patch_as_the_recipe_says(model, recipe)
-    return model
+    return model if model is not None else SentenceTransformer(name, device="cpu")
 
 
 def patch_as_the_recipe_says(model, recipe: Recipe) -> None:

@@ -33,9 +33,11 @@ def teacher_rows(
 
 
 class TeacherLoss(nn.Module):
-    """``1 - cosine`` between the model's embedding of each text and the teacher's (the ``label``). No weight: its
-    batches are steps of their own beside the pairs', and AdamW's update does not see a loss's scale (measured: a
-    weight of 4 gave the same retrieval to two decimals)."""
+    """``1 - cosine`` between the model's embedding of each text and the teacher's (the ``label``): the angle is
+    what retrieval reads. sentence-transformers' ``MSELoss`` (its distillation loss) would also weigh the vectors'
+    norms, which a model without a Normalize module is free to change. No weight: its batches are steps of their
+    own beside the pairs', and AdamW's update does not see a loss's scale (a weight of 4 gave the same retrieval to
+    two decimals)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
