@@ -94,6 +94,12 @@ def _rope_settings(model: nn.Module) -> RopeConfig:
         raise ValueError(
             f"{type(model).__name__} is not patched by posswap: it already is a native transformers model."
         )
+    if position.method == "interpolate" and position.exact_short_inputs:
+        raise _refuse(
+            model,
+            "exact_short_inputs reads an input within the original length at positions k*i, which no "
+            "native architecture does",
+        )
     if position.method == "interpolate":
         raise ValueError(
             "interpolate only resizes the learned table, so the folder save_pretrained writes is already native "

@@ -20,6 +20,7 @@ from typing import Any
 
 from .evaluation.results import Results
 from .portable.posswap_block import migrate_block
+from .portable.posswap_runtime import needs_runtime_code
 from .sentence_models import is_sentence_transformer, loading_lines, save, transformer_module
 from .version import __version__
 
@@ -60,7 +61,7 @@ def model_card(
     repo = json.dumps(repo_id or "<repo id>")
     lines = _patch_section(config, block, base_model)
     name = (config.get("architectures") or ["AutoModel"])[0]
-    lines += loading_lines(method, repo) if sentence else _loading_section(method, name, repo, block)
+    lines += loading_lines(block, repo) if sentence else _loading_section(method, name, repo, block)
     lines += _training_section(data, steps) + _results_section(results)
     plots = list(plots)
     if plots:
@@ -343,7 +344,7 @@ def _loading_section(method: str, name: str, repo: str, block: dict) -> list[str
         "```",
         "",
     ]
-    if method == "interpolate":  # only the table's size changed: transformers alone rebuilds the same model
+    if not needs_runtime_code(block):  # only the table's size changed: transformers alone rebuilds the same model
         return lines + [
             "Only the size of the position table changed, so plain transformers loads it too:",
             "",

@@ -27,7 +27,7 @@ from .portable.modeling_posswap import (
     PosswapModelMixin,
 )
 from .portable.posswap_block import check_block, migrate_block, weights_mismatch
-from .portable.posswap_runtime import RUNTIME_METHODS
+from .portable.posswap_runtime import needs_runtime_code
 from .sentence_models import (
     SENTENCE_HUB_KWARGS,
     check_max_seq_length,
@@ -124,7 +124,7 @@ def load_transformers_model(
     if block is not None:
         setattr(config, CONFIG_KEY, block)
     check_posswap_block(block, name_or_path, config)  # before any class installs from it
-    runtime = isinstance(block, dict) and block.get("method") in RUNTIME_METHODS
+    runtime = isinstance(block, dict) and needs_runtime_code(block)
     if runtime and not isinstance(config, PosswapConfigMixin):  # saved before model_type posswap-<type>
         config.__class__ = CONFIG_CLASSES[config.model_type]
     cls = _model_class(config, model_class, runtime)

@@ -11,7 +11,7 @@ from .config import PositionConfig, config_from_dict
 from .memory import check_patch_fits
 from .portable.modeling_posswap import CONFIG_CLASSES
 from .portable.posswap_architectures import assign_buffers, find_sites, resized_position_buffers
-from .portable.posswap_runtime import RUNTIME_METHODS, install_positions
+from .portable.posswap_runtime import install_positions, needs_runtime_code
 from .registry import get_method
 from .sentence_models import adopt_patch, is_sentence_transformer, transformer_module
 from .transaction import model_transaction
@@ -67,7 +67,7 @@ def patch(model: nn.Module, config: PositionConfig | dict[str, Any], tokenizer: 
         model.config.max_position_embeddings = rows
         block = {**config.to_dict(), "original_length": original_length, "version": __version__}
         setattr(model.config, CONFIG_KEY, block)
-        if config.method in RUNTIME_METHODS:
+        if needs_runtime_code(block):
             # Saved, the folder says posswap-<type> and carries the code that runs the method (modeling_posswap).
             model.config.__class__ = CONFIG_CLASSES[sites.arch.model_type]
         install_positions(model, block)  # run time: what a saved model's own class installs when built

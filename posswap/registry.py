@@ -29,8 +29,6 @@ class MethodSpec:
     # True: the model reads positions from its learned table extended to max_length (the study makes it for the
     # trained length); False: nothing bounds the reach (the study patches to twice the trained length).
     extends_table: bool = False
-    # False: the method only changes weights, so a saved folder loads without posswap's run time (interpolate).
-    runtime: bool = True
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -44,7 +42,6 @@ def register_method(
     *,
     variants: dict[str, dict],
     extends_table: bool = False,
-    runtime: bool = True,
 ) -> None:
     name = config_class.method
     if name in METHODS:
@@ -54,7 +51,7 @@ def register_method(
         raise ValueError(
             f"Method {name!r} needs study variants of its own; got {sorted(variants)} ({sorted(taken)} taken)."
         )
-    METHODS[name] = MethodSpec(name, config_class, check, apply, initialize, dict(variants), extends_table, runtime)
+    METHODS[name] = MethodSpec(name, config_class, check, apply, initialize, dict(variants), extends_table)
 
 
 def get_method(name: str | None) -> MethodSpec:

@@ -28,6 +28,8 @@ from torch import nn
 
 from .portable.posswap_guard import LengthGuard
 from .portable.posswap_hooks import find_hooks
+from .portable.posswap_placement import ShortInputPositions
+from .portable.posswap_runtime import needs_runtime_code
 
 INSTALL = "pip install 'posswap[st]'"
 # Keywords of posswap.from_pretrained that locate files; the transformer inside the folder is read with them too.
@@ -58,17 +60,26 @@ def transformer_module(model: nn.Module) -> nn.Module:
 class GuardFeatures:
     """Forward pre-hook on a sentence-transformers ``Transformer`` module: sentence-transformers 6 calls its
     transformers model's ``forward`` itself, past the model's hooks, so a stock class patched in memory (whose
-    ``forward`` posswap does not own) would read any length with no word. This runs the model's length guard on
-    the features first. An object, not a closure: deepcopy and pickling carry it."""
+    ``forward`` posswap does not own) would read any length with no word, and short inputs of an
+    ``exact_short_inputs`` model would read the wrong rows. This runs those hooks on the features first: the
+    position ids go into the features, the length guard checks them. An object, not a closure: deepcopy and
+    pickling carry it."""
 
-    def __call__(self, module: nn.Module, args: tuple) -> None:
+    def __call__(self, module: nn.Module, args: tuple):
         base = module.auto_model
-        if getattr(type(base).forward, "runs_hooks", False):  # posswap's class: its forward runs the guard itself
-            return
-        features = args[0] if args and isinstance(args[0], Mapping) else {}  # a dict, or a BatchEncoding
+        if getattr(type(base).forward, "runs_hooks", False):  # posswap's class: its forward runs its hooks itself
+            return None
+        features = args[0] if args and isinstance(args[0], Mapping) else None  # a dict, or a BatchEncoding
+        if features is None:
+            return None
+        for placement in find_hooks(base, ShortInputPositions):
+            ids = placement.position_ids(base, features)
+            if ids is not None:
+                features = {**features, "position_ids": ids}
         inputs = {k: features[k] for k in ("input_ids", "inputs_embeds", "position_ids") if k in features}
         for guard in find_hooks(base, LengthGuard):
             guard(base, (), inputs)
+        return (features, *args[1:]) if features is not args[0] else None
 
 
 def guard_transformer_module(module: nn.Module) -> None:
@@ -211,8 +222,8 @@ def save(model: nn.Module, folder: str | os.PathLike, card: bool = True) -> None
         model.save_pretrained(folder)
 
 
-def loading_lines(method: str, repo: str) -> list[str]:
-    """The model card's "How to load it" for a sentence-transformers model."""
+def loading_lines(block: dict, repo: str) -> list[str]:
+    """The model card's "How to load it" for a sentence-transformers model patched as ``block`` says."""
     lines = [
         "## How to load it",
         "",
@@ -225,7 +236,8 @@ def loading_lines(method: str, repo: str) -> list[str]:
         "```",
         "",
     ]
-    if method == "interpolate":
+    method = block["method"]
+    if not needs_runtime_code(block):
         return lines + [
             "Only the size of the position table changed, so sentence-transformers alone loads it too:",
             "",

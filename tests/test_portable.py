@@ -82,6 +82,13 @@ CASES = {
         "AutoModel",
         posswap.RopeConfig(max_length=NEW_LENGTH, absolute="keep"),
     ),
+    # E5-Base-4k's placement: the folder must carry the code that multiplies short inputs' position ids.
+    "bert-interpolate-exact-mlm": (
+        "bert",
+        "BertForMaskedLM",
+        "AutoModelForMaskedLM",
+        posswap.InterpolateConfig(max_length=NEW_LENGTH, mode="stride", exact_short_inputs=True),
+    ),
     "roberta-rope-mlm": (
         "roberta",
         "RobertaForMaskedLM",

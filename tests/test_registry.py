@@ -19,10 +19,8 @@ from posswap.study import copying, pictures, plan
 def missing_parts(spec: MethodSpec) -> list[str]:
     """What a registered method lacks, each named with the place to add it."""
     missing = []
-    if spec.runtime and spec.name not in posswap_runtime.INSTALLERS:
+    if spec.name not in posswap_runtime.INSTALLERS:
         missing.append("a run-time installer in posswap/portable/posswap_runtime.py INSTALLERS")
-    if not spec.runtime and spec.name in posswap_runtime.INSTALLERS:
-        missing.append("runtime=True in its register_method (posswap_runtime.py has an installer for it)")
     if spec.name not in posswap_block._KEYS:
         missing.append("its saved keys in posswap/portable/posswap_block.py _KEYS")
     if spec.name not in pictures.POSITION_MAPS:

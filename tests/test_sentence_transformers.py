@@ -32,6 +32,7 @@ import posswap
 from posswap import cli
 from posswap.data import read_document
 from posswap.hub import model_card, push_to_hub
+from posswap.portable.posswap_runtime import needs_runtime_code
 
 st = pytest.importorskip("sentence_transformers")
 try:  # sentence-transformers 6
@@ -49,13 +50,21 @@ LENGTH = 2048  # MiniLM: 512 -> 2048
 MINILM = {
     "copy": posswap.InterpolateConfig(max_length=LENGTH, mode="copy"),
     "linear": posswap.InterpolateConfig(max_length=LENGTH, mode="linear"),
+    "stride-exact": posswap.InterpolateConfig(max_length=LENGTH, mode="stride", exact_short_inputs=True),
     "rope": posswap.RopeConfig(max_length=LENGTH),
     "alibi": posswap.AlibiConfig(max_length=LENGTH),
 }
 TINY_OLD, TINY_NEW = 32, 128  # tiny models: 32 -> 128 positions
-TINY = {f"tiny-bert-{m}": ("bert", factory(TINY_NEW)) for m, factory in FACTORIES.items()} | {
-    f"tiny-roberta-{m}": ("roberta", FACTORIES[m](TINY_NEW)) for m in ("interpolate", "rope", "alibi")
-}
+TINY = (
+    {f"tiny-bert-{m}": ("bert", factory(TINY_NEW)) for m, factory in FACTORIES.items()}
+    | {f"tiny-roberta-{m}": ("roberta", FACTORIES[m](TINY_NEW)) for m in ("interpolate", "rope", "alibi")}
+    | {
+        "tiny-roberta-stride-exact": (
+            "roberta",
+            posswap.InterpolateConfig(max_length=TINY_NEW, mode="stride", exact_short_inputs=True),
+        )
+    }
+)
 
 # Runs where posswap cannot be imported: each folder loaded plainly, then with trust_remote_code.
 LOADER = textwrap.dedent("""
@@ -182,7 +191,7 @@ CASES = [*MINILM, *TINY]
 
 
 def needs_code(case: dict) -> bool:
-    return case["config"].method != "interpolate"
+    return needs_runtime_code(case["config"].to_dict())
 
 
 @pytest.mark.parametrize("name", CASES)

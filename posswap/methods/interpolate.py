@@ -31,9 +31,24 @@ class InterpolateConfig(PositionConfig):
         },
     )
 
+    exact_short_inputs: bool = field(
+        default=False,
+        metadata={
+            "help": "With mode stride, an input within the original length reads exactly the original rows (its "
+            "position ids multiplied by k, as E5-Base-4k), so the patched model gives it the original's outputs. "
+            "Encoders only; saved folders then carry posswap's code."
+        },
+    )
+
     def validate(self) -> None:
         super().validate()
         check_choice("mode", self.mode, RESAMPLE_MODES)
+        if not isinstance(self.exact_short_inputs, bool):
+            raise ValueError(f"exact_short_inputs must be true or false, got {self.exact_short_inputs!r}.")
+        if self.exact_short_inputs and self.mode != "stride":
+            raise ValueError(
+                f"exact_short_inputs needs mode 'stride' (the old rows at every k-th position), got mode {self.mode!r}."
+            )
 
     def bytes_per_row(self, sites: Sites) -> int:
         return resampled_table_bytes_per_row(sites)  # the table resized to max_length
@@ -45,6 +60,8 @@ def resized_table_weight(sites: Sites, max_length: int, mode: str) -> torch.Tens
 
 
 def check(model: nn.Module, sites: Sites, config: InterpolateConfig) -> None:
+    if config.exact_short_inputs:
+        check_exact_short_inputs(model, sites, config)
     if sites.table is None:
         raise ValueError(
             "This model has no learned position table left to interpolate (a method dropped it). "
@@ -56,6 +73,23 @@ def check(model: nn.Module, sites: Sites, config: InterpolateConfig) -> None:
         raise ValueError(
             f"This table was already extended with mode {previous.get('mode')!r}; re-patching it with mode "
             f"{config.mode!r} would not give the original table resampled that way. Start from the original checkpoint."
+        )
+
+
+def check_exact_short_inputs(model: nn.Module, sites: Sites, config: InterpolateConfig) -> None:
+    if sites.arch.causal:
+        # A decoder's positions grow during generation: a prompt would move rows as it crosses the old length.
+        raise ValueError(
+            "exact_short_inputs is for encoders (BERT, RoBERTa, ...): a decoder's tokens would change position "
+            f"as generation crosses the original length. Patch this {sites.arch.model_type} without it."
+        )
+    previous = getattr(model.config, "posswap", None)
+    original = previous["original_length"] if previous else sites.max_length
+    # Old row i sits at k*i only if every stride so far was a whole number (2048 -> 4096 after 512 -> 2048).
+    if config.max_length % sites.max_length or sites.max_length % original or config.max_length < 2 * original:
+        raise ValueError(
+            f"exact_short_inputs needs max_length a multiple (2x or more) of the original length {original} and of "
+            f"the current one {sites.max_length}, so that old row i sits at position k*i; got {config.max_length}."
         )
 
 
@@ -79,5 +113,4 @@ register_method(
     apply,
     variants={"copy": {"mode": "copy"}, "linear": {"mode": "linear"}, "cubic": {"mode": "cubic"}},
     extends_table=True,
-    runtime=False,
 )

@@ -22,7 +22,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, mo
 
 from .posswap_architectures import ARCHITECTURES
 from .posswap_block import weights_mismatch
-from .posswap_runtime import RUNTIME_METHODS, install_positions
+from .posswap_runtime import install_positions, needs_runtime_code
 from .posswap_state import forward_through_hooks
 
 MODEL_TYPE_PREFIX = "posswap-"
@@ -79,8 +79,11 @@ class PosswapModelMixin:
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
         block = getattr(config, "posswap", None)
-        if not isinstance(block, dict) or block.get("method") not in RUNTIME_METHODS:
-            raise ValueError(f"{type(self).__name__} needs a config with a posswap block for one of {RUNTIME_METHODS}.")
+        if not isinstance(block, dict) or not needs_runtime_code(block):
+            raise ValueError(
+                f"{type(self).__name__} needs a config with a posswap block of a method that runs code of posswap's "
+                "(a plain interpolate loads with the stock class)."
+            )
         install_positions(self, block)  # checks the block first: a hand-edited one is named
 
     @classmethod

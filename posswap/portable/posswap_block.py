@@ -82,13 +82,19 @@ def _max_distance(value, block):
     return _integer(floor)(value, block)
 
 
+def _exact_short_inputs(value, block):
+    if not isinstance(value, bool):
+        return "must be true or false"
+    return "needs mode 'stride'" if value and block.get("mode") != "stride" else None
+
+
 def _text(value, block):
     return None if isinstance(value, str) else "must be a string"
 
 
 # method -> key -> (required, check). Required: keys the run time reads without a default.
 _KEYS: dict[str, dict[str, tuple[bool, Callable]]] = {
-    "interpolate": {"mode": (False, _choice(*_MODES))},
+    "interpolate": {"mode": (False, _choice(*_MODES)), "exact_short_inputs": (False, _exact_short_inputs)},
     "rope": {
         "theta": (False, _number(above=1)),
         "rotary_dim": (False, _rotary_dim),

@@ -17,6 +17,7 @@ from .posswap_attention import PLAIN_IMPLEMENTATIONS, install_bias
 from .posswap_block import check_block, describe, migrate_block
 from .posswap_files import install_atomic_save
 from .posswap_guard import install_length_guard
+from .posswap_placement import install_short_input_positions
 from .posswap_rotary import install_rotary
 from .posswap_state import install_call_state
 from .posswap_t5 import T5Buckets
@@ -27,6 +28,12 @@ from .posswap_tupe import TupeBias
 def drop_table(sites: Sites) -> None:
     if sites.table is not None:
         setattr(sites.owner, sites.arch.table, NoPositions(sites.table_dim))
+
+
+def _install_interpolate(model: nn.Module, sites: Sites, block: dict) -> None:
+    """The resized table is a weight; only E5-Base-4k's placement of short inputs runs at run time."""
+    if block.get("exact_short_inputs"):
+        install_short_input_positions(sites.base, sites.offset)
 
 
 def _install_rope(model: nn.Module, sites: Sites, block: dict) -> None:
@@ -76,6 +83,7 @@ def _install_tupe(model: nn.Module, sites: Sites, block: dict) -> None:
 
 
 INSTALLERS = {
+    "interpolate": _install_interpolate,
     "rope": _install_rope,
     "alibi": _install_alibi,
     "sinusoidal": _install_sinusoidal,
@@ -83,9 +91,17 @@ INSTALLERS = {
     "t5-bias": _install_t5_bias,
     "tupe": _install_tupe,
 }
-# Methods whose saved folders need this code to load right (interpolate only resizes the table); NoPE too: plain
-# transformers would load its folder with a random table.
-RUNTIME_METHODS = tuple(INSTALLERS)
+# Methods that keep the learned table (the others drop it unless their block says absolute: keep).
+KEEPS_TABLE = ("interpolate",)
+
+
+def needs_runtime_code(block: dict) -> bool:
+    """Whether a model patched as ``block`` says runs code of posswap's, so that its saved folder must carry it
+    (``modeling_posswap.py``): every method but a plain ``interpolate``, which only resized the table (plain
+    transformers rebuilds it exactly). NoPE too: plain transformers would load its folder with a random table."""
+    if block.get("method") == "interpolate":
+        return bool(block.get("exact_short_inputs"))
+    return block.get("method") in INSTALLERS
 
 
 def install_positions(model: nn.Module, block: dict) -> None:
@@ -97,10 +113,10 @@ def install_positions(model: nn.Module, block: dict) -> None:
         block = model.config.posswap = migrated
     check_block(block, describe(model.config), model.config)
     sites = find_sites(model)
-    if block["method"] in INSTALLERS:
-        if block.get("absolute", "drop") == "drop":
-            drop_table(sites)
-        INSTALLERS[block["method"]](model, sites, block)
+    if block["method"] not in KEEPS_TABLE and block.get("absolute", "drop") == "drop":
+        drop_table(sites)
+    INSTALLERS[block["method"]](model, sites, block)
+    if needs_runtime_code(block):
         # Its hook also marks a call that came through the hooks: see posswap_state.forward_through_hooks.
         install_call_state(sites.base)
     install_length_guard(sites.base, sites.offset)

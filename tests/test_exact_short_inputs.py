@@ -1,0 +1,127 @@
+"""interpolate's ``exact_short_inputs`` (E5-Base-4k's placement): an input within the original length gives the
+stock model's outputs, decided per row of a padded batch; a longer one reads the stride table from position 0;
+saved folders carry the code that does it; decoders, other modes and uneven lengths are refused."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from conftest import MODELS, OLD_LENGTH, make_model, outputs, reload_and_compare, sharpen_qk, token_ids
+
+import posswap
+
+NEW_LENGTH = 4 * OLD_LENGTH
+EXACT = posswap.InterpolateConfig(max_length=NEW_LENGTH, mode="stride", exact_short_inputs=True)
+STRIDE = posswap.InterpolateConfig(max_length=NEW_LENGTH, mode="stride")
+ENCODERS = [(model_type, head) for model_type, head in MODELS if model_type != "gpt2"]
+ENCODER_IDS = [head for _, head in ENCODERS]
+
+
+def stock_and_patched(model_type: str, head: str):
+    stock = sharpen_qk(make_model(model_type, head))  # q.k large enough that positions show in the outputs
+    return stock, posswap.patch(copy.deepcopy(stock), EXACT), posswap.patch(copy.deepcopy(stock), STRIDE)
+
+
+@pytest.mark.parametrize("model_type,head", ENCODERS, ids=ENCODER_IDS)
+def test_inputs_within_the_original_length_give_the_stock_outputs(model_type, head):
+    stock, exact, stride = stock_and_patched(model_type, head)
+    for length in (5, OLD_LENGTH):
+        ids = token_ids(length)
+        expected = outputs(stock, ids)
+        torch.testing.assert_close(outputs(exact, ids), expected, atol=1e-5, rtol=0)
+        # The plain stride placement reads interpolated rows there: the property is the option's, not the table's.
+        with torch.no_grad():  # the encoder's outputs: a random classifier head is too flat to show it
+            stock_hidden = stock.base_model(input_ids=ids).last_hidden_state
+            moved = (stride.base_model(input_ids=ids).last_hidden_state - stock_hidden).abs().max()
+        assert moved > 1e-2 * stock_hidden.abs().max()
+
+
+@pytest.mark.parametrize("model_type,head", ENCODERS, ids=ENCODER_IDS)
+def test_longer_inputs_read_the_new_table_from_position_zero(model_type, head):
+    _, exact, stride = stock_and_patched(model_type, head)
+    ids = token_ids(OLD_LENGTH + 1)
+    torch.testing.assert_close(outputs(exact, ids), outputs(stride, ids), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("model_type,head", [("bert", "BertModel"), ("roberta", "RobertaModel")])
+def test_each_row_of_a_padded_batch_is_placed_by_its_own_length(model_type, head):
+    stock, exact, stride = stock_and_patched(model_type, head)
+    pad = stock.config.pad_token_id or 0
+    long, short = token_ids(OLD_LENGTH + 9, batch=1)[0], token_ids(10, batch=1, seed=4)[0]
+    batch = torch.full((2, long.numel()), pad)
+    batch[0], batch[1, :10] = long, short
+    mask = (batch != pad).long()
+    with torch.no_grad():
+        out = exact(input_ids=batch, attention_mask=mask).last_hidden_state
+        alone_short = stock(input_ids=short[None]).last_hidden_state[0]
+        alone_long = stride(input_ids=long[None]).last_hidden_state[0]
+    torch.testing.assert_close(out[1, :10], alone_short, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out[0], alone_long, atol=1e-5, rtol=0)
+
+
+def test_explicit_position_ids_are_the_callers():
+    _, exact, stride = stock_and_patched("bert", "BertModel")
+    ids = token_ids(8)
+    positions = torch.arange(8)[None]
+    with torch.no_grad():
+        got = exact(input_ids=ids, position_ids=positions).last_hidden_state
+        expected = stride(input_ids=ids).last_hidden_state  # stride reads positions 0..7 by default
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("model_type,head", [("bert", "BertForMaskedLM"), ("roberta", "RobertaForMaskedLM")])
+def test_a_saved_folder_carries_the_placement(model_type, head, tmp_path):
+    stock, exact, _ = stock_and_patched(model_type, head)
+    loaded = reload_and_compare(exact, tmp_path, OLD_LENGTH)
+    assert type(loaded).__name__ == "Posswap" + head  # the class that installs the placement when built
+    torch.testing.assert_close(outputs(loaded, token_ids(OLD_LENGTH)), outputs(stock, token_ids(OLD_LENGTH)))
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model_type"] == f"posswap-{model_type}" and saved["posswap"]["exact_short_inputs"] is True
+    assert (tmp_path / "modeling_posswap.py").is_file()  # test_portable loads it where posswap is not installed
+
+
+def test_the_sentence_transformers_path_places_short_texts(tmp_path, minilm_path):
+    from test_sentence_transformers import embed, tiny_sentence_transformer
+
+    stock = tiny_sentence_transformer(tmp_path / "st", minilm_path)
+    texts = ["a short text", "one more, a little longer than that"]
+    expected = embed(stock, texts)
+    patched = posswap.patch(stock, posswap.InterpolateConfig(max_length=128, mode="stride", exact_short_inputs=True))
+    torch.testing.assert_close(embed(patched, texts), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "model_type,head,config,message",
+    [
+        ("gpt2", "GPT2LMHeadModel", EXACT, "for encoders"),
+        (
+            "bert",
+            "BertModel",
+            posswap.InterpolateConfig(max_length=3 * OLD_LENGTH + 1, mode="stride", exact_short_inputs=True),
+            "multiple",
+        ),
+    ],
+    ids=["decoder", "uneven-length"],
+)
+def test_refused_before_anything_changes(model_type, head, config, message):
+    model = make_model(model_type, head)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=message):
+        posswap.patch(model, config)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert getattr(model.config, "posswap", None) is None
+
+
+def test_needs_the_stride_mode():
+    with pytest.raises(ValueError, match="exact_short_inputs needs mode 'stride'"):
+        posswap.InterpolateConfig(max_length=NEW_LENGTH, mode="linear", exact_short_inputs=True)
+
+
+def test_no_native_export(tmp_path):
+    _, exact, _ = stock_and_patched("bert", "BertModel")
+    with pytest.raises(ValueError, match="exact_short_inputs"):
+        posswap.export(exact, tmp_path / "native")
+    assert not (tmp_path / "native").exists()
