@@ -115,13 +115,18 @@ def test_the_docs_flag_writes_the_pages_and_needs_report_only(tmp_path, monkeypa
     assert not (tmp_path / "study" / "copying.md").exists()
 
 
-def test_the_site_hooks_fill_options_from_the_config_help():
+def load_hooks():
     pytest.importorskip("mkdocs")  # the dev extra
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("mkdocs_hooks", ROOT / "tools" / "mkdocs_hooks.py")
     hooks = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hooks)
+    return hooks
+
+
+def test_the_site_hooks_fill_options_from_the_config_help():
+    hooks = load_hooks()
     table = hooks.on_page_markdown(
         "x\n<!-- posswap:options RopeConfig -->\ny `<!-- posswap:options No -->`", *[None] * 3
     )
@@ -135,10 +140,33 @@ def test_the_site_hooks_fill_options_from_the_config_help():
             hooks.options_table(name)
     # mkdocstrings prints a docstring's Sphinx role as text before the code: the page shows only the code
     html = "see :func:<code>posswap.patch</code> and :class:<code>X</code>; a:b:<code>c</code> stays"
-    assert (
-        hooks.on_page_content(html, *[None] * 3)
-        == "see <code>posswap.patch</code> and <code>X</code>; a:b:<code>c</code> stays"
+    assert hooks.on_page_content(html, *[None] * 3) == hooks.unbroken_words(
+        "see <code>posswap.patch</code> and <code>X</code>; a:b:<code>c</code> stays"
     )
+
+
+def test_the_site_shows_a_table_codes_escaped_pipe_as_a_pipe():
+    """GitHub needs `\\|i - j\\|` in a table cell; Python-Markdown keeps code pipes in the cell and would print the
+    backslashes. Outside tables and outside code nothing changes."""
+    hooks = load_hooks()
+    page = "| a | symmetric `\\|i - j\\|` and a\\|b |\ntext `\\|x\\|`"
+    assert hooks.unescape_table_code(page) == "| a | symmetric `|i - j|` and a\\|b |\ntext `\\|x\\|`"
+    index = (ROOT / "docs" / "methods" / "index.md").read_text()
+    assert "`\\|i - j\\|`" in index and "`|i - j|`" in hooks.on_page_markdown(index, *[None] * 3)
+
+
+def test_the_site_keeps_each_word_of_inline_code_on_one_line():
+    hooks = load_hooks()
+    word = '<span class="posswap-word">{}</span>'.format
+    html = "pass <code>--overwrite</code>, <code>--set a=1 b=2</code>; <pre><span></span><code>--out x</code></pre>"
+    assert hooks.on_page_content(html, *[None] * 3) == (
+        f"pass <code>{word('--overwrite')}</code>, <code>{word('--set')} {word('a=1')} {word('b=2')}</code>; "
+        "<pre><span></span><code>--out x</code></pre>"
+    )
+    long = "a" * 31  # longer than a phone's line may need to break: left to the theme
+    assert hooks.unbroken_words(f"<code>{long}</code>") == f"<code>{long}</code>"
+    css = (ROOT / "docs" / "stylesheets" / "extra.css").read_text()
+    assert ".md-typeset .posswap-word {\n  white-space: nowrap;" in css
 
 
 def test_embedding_tables_in_readme_and_docs_match_their_json():

@@ -8,6 +8,11 @@ it cannot go stale.
   made relative to the site, so the file GitHub shows and the site's page are one text.
 - Sphinx roles in docstrings (``:func:`posswap.patch```) show as plain code: mkdocstrings renders the role's
   name as text.
+- A pipe escaped inside a code span of a table row (`\\|i - j\\|` in the source, as GitHub needs it) shows as ``|``: Python-Markdown
+  already keeps a code span's pipes in their cell and would print the backslash.
+- Each word of inline code (an option name, a path; up to 30 characters) is kept on one line (``posswap-word``,
+  extra.css): the theme breaks code anywhere, so ``--overwrite`` could end one line with ``-`` and start the next with
+  ``-overwrite``. Code of several words still wraps between them; a longer word may still break.
 - The pictures under ``results/`` are added to the site as ``results/...``, so the study pages link to them where
   they are (``../results/copying/probe.png`` from ``docs/study/``) instead of a second copy in ``docs/``.
 """
@@ -18,12 +23,18 @@ import argparse
 import dataclasses
 import os
 import re
+from html import unescape as html_unescape
 from pathlib import Path
 
 from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[1]
 SPHINX_ROLE = re.compile(r":(?:func|class|meth|attr|mod|data|exc|obj):(?=<code>)")
+# Inline code as Python-Markdown writes it: no markup inside, one line (a code block's <code> follows <pre> or a span).
+INLINE_CODE = re.compile(r"(?<!<pre>)(?<!</span>)<code>([^<\n]*)</code>")
+WORD = re.compile(r"\S+")
+KEPT_WORD = 30  # characters: longer words may have to break on a phone
+CODE_SPAN = re.compile(r"(`+)(.+?)\1")
 MARKER = re.compile(r"^<!-- posswap:(options|cli|include)(?: ([\w.-]+))? -->$", re.MULTILINE)  # alone on a line
 
 
@@ -85,16 +96,40 @@ def include(name: str) -> str:
     return found.read_text().replace("](docs/", "](")
 
 
+def unescape_table_code(markdown: str) -> str:
+    """``\\|`` as ``|`` inside the code spans of table rows (lines that start with ``|``); the rest unchanged."""
+
+    def code(match: re.Match) -> str:
+        return match.group(0).replace("\\|", "|")
+
+    lines = markdown.split("\n")
+    return "\n".join(CODE_SPAN.sub(code, line) if line.lstrip().startswith("|") else line for line in lines)
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
     def fill(match: re.Match) -> str:
         kind, name = match.groups()
         return {"options": options_table, "cli": cli_help, "include": include}[kind](name)
 
-    return MARKER.sub(fill, markdown)
+    return unescape_table_code(MARKER.sub(fill, markdown))
+
+
+def unbroken_words(html: str) -> str:
+    """Each word of every inline code element wrapped in ``<span class="posswap-word">`` (no break inside it)."""
+
+    def words(match: re.Match) -> str:
+        def keep(word: re.Match) -> str:
+            text = word.group(0)
+            return f'<span class="posswap-word">{text}</span>' if 1 < len(html_unescape(text)) <= KEPT_WORD else text
+
+        kept = WORD.sub(keep, match.group(1))
+        return f"<code>{kept}</code>"
+
+    return INLINE_CODE.sub(words, html)
 
 
 def on_page_content(html: str, page, config, files) -> str:
-    return SPHINX_ROLE.sub("", html)
+    return unbroken_words(SPHINX_ROLE.sub("", html))
 
 
 def on_files(files, config):

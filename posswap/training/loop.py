@@ -34,6 +34,7 @@ from .checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
+from .cpu_fsdp import full_state_dict, shard, shards_on_cpu
 from .data import packed_windows, with_repeated_spans
 from .objectives import batch_preparer, stack_windows
 from .optimizer import MAX_GRAD_NORM, group_settings, parameter_groups
@@ -134,8 +135,13 @@ def hold_run_dir(run_dir: Path) -> Iterator[None]:
 def _train(recipe: Recipe, raw, resume: bool, callbacks, overwrite: bool, force: bool) -> Path:
     """One training run, as nanoGPT reads: check -> build -> resume -> train each stage -> save, evaluate, push."""
     checkpoint = check_before_work(recipe, resume, overwrite, force)
-    accelerator = _accelerator(recipe.train)
-    run = _build(recipe, accelerator)
+    accelerator, cpu_fsdp = _accelerator(recipe.train)
+    if checkpoint is not None and (cpu_fsdp or accelerator.distributed_type == DistributedType.FSDP):
+        raise ValueError(
+            f"Resuming is not supported under FSDP yet ({checkpoint} holds whole tensors): resume with the DDP config "
+            "(recipes/accelerate/ddp.yaml or cpu-ddp.yaml), or start over with --overwrite."
+        )
+    run = _build(recipe, accelerator, cpu_fsdp)
     if checkpoint is not None:
         _resume(run, checkpoint, force)
     _start_run_dir(run, raw, resume)
@@ -163,6 +169,7 @@ class _Run:
     scheduler: Any
     max_length: int  # the patched length, or the model's own
     offset: int  # RoBERTa's padding rows
+    cpu_fsdp: bool = False  # sharded by posswap (FSDP2 on the CPU), not by accelerate
     step: int = 0
 
     @property
@@ -174,7 +181,8 @@ class _Run:
         return self.run_dir / "log.jsonl"
 
 
-def _accelerator(t) -> Accelerator:
+def _accelerator(t) -> tuple[Accelerator, bool]:
+    """The accelerator, and whether posswap shards the model itself (an FSDP config on the CPU: cpu_fsdp.py)."""
     accelerator = Accelerator(
         # Without an accelerator, say so: then several processes run as MULTI_CPU over gloo (not one each).
         cpu=not _has_accelerator(),
@@ -182,26 +190,19 @@ def _accelerator(t) -> Accelerator:
         step_scheduler_with_optimizer=False,  # max_steps counts optimizer steps; the scheduler follows them
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=t.seed),
     )
-    if (
-        os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
-        and accelerator.distributed_type != DistributedType.FSDP
-    ):
-        # accelerate runs FSDP on accelerators only; elsewhere it would quietly run plain data parallel instead.
-        raise ValueError(
-            f"The accelerate config asks for FSDP, which accelerate runs only on GPUs (or XPUs, NPUs...); here it would run as "
-            f"{accelerator.distributed_type.value}. On CPU use recipes/accelerate/ddp.yaml."
-        )
-    if accelerator.distributed_type == DistributedType.FSDP and t.save_every < t.max_steps:
+    cpu_fsdp = shards_on_cpu(accelerator)  # accelerate runs FSDP on accelerators only
+    if (cpu_fsdp or accelerator.distributed_type == DistributedType.FSDP) and t.save_every < t.max_steps:
         # Checkpoints hold whole tensors (safetensors) and an unsharded optimizer state: not FSDP's shards.
         raise ValueError(
             "Resumable checkpoints are not supported under FSDP yet: set train.save_every >= train.max_steps, "
-            "or train with the DDP config (recipes/accelerate/ddp.yaml)."
+            "or train with the DDP config (recipes/accelerate/ddp.yaml or cpu-ddp.yaml)."
         )
-    return accelerator
+    return accelerator, cpu_fsdp
 
 
-def _build(recipe: Recipe, accelerator: Accelerator) -> _Run:
-    """The patched model with what trains selected, AdamW with warmup and cosine decay, prepared by accelerate."""
+def _build(recipe: Recipe, accelerator: Accelerator, cpu_fsdp: bool) -> _Run:
+    """The patched model with what trains selected, AdamW with warmup and cosine decay, prepared by accelerate
+    (``cpu_fsdp``: the model sharded by posswap first, and only the optimizer prepared)."""
     t = recipe.train
     set_seed(t.seed)  # also makes a newly created MLM head the same in every run
     model, tokenizer, causal = load_patched_model(recipe)
@@ -216,10 +217,19 @@ def _build(recipe: Recipe, accelerator: Accelerator) -> _Run:
     positions = {id(p) for name, p in model.named_parameters() if name in position_names}
     model = select_trainable(model, t.trainable, t.train_norms, t.lora)
     model.train()
+    if cpu_fsdp:  # fully_shard replaces the parameters (same names): find the position ones again by name
+        names = {name for name, p in model.named_parameters() if id(p) in positions}
+        model = shard(model, accelerator)
+        positions = {id(p) for name, p in model.named_parameters() if name in names}
     optimizer = torch.optim.AdamW(parameter_groups(model, positions, t), lr=t.lr)
     scheduler = get_cosine_schedule_with_warmup(optimizer, t.warmup_steps, t.max_steps)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    return _Run(recipe, accelerator, model, tokenizer, causal, optimizer, scheduler, sites.max_length, sites.offset)
+    if cpu_fsdp:
+        optimizer = accelerator.prepare(optimizer)
+    else:
+        model, optimizer = accelerator.prepare(model, optimizer)
+    return _Run(
+        recipe, accelerator, model, tokenizer, causal, optimizer, scheduler, sites.max_length, sites.offset, cpu_fsdp
+    )
 
 
 def _resume(run: _Run, checkpoint: Path, force: bool) -> None:
@@ -339,7 +349,7 @@ def _finish(run: _Run, replace: bool) -> Path:
     accelerator, recipe = run.accelerator, run.recipe
     final_dir = run.run_dir / "model"
     accelerator.wait_for_everyone()
-    final = _final_model(accelerator, run.model, recipe)
+    final = _final_model(accelerator, run.model, recipe, run.cpu_fsdp)
     if accelerator.is_main_process:
         save_model_and_tokenizer(
             final,
@@ -388,12 +398,13 @@ def _batches(accelerator: Accelerator, loader, consumed: int):
         epoch, skip = epoch + 1, 0
 
 
-def _final_model(accelerator: Accelerator, model, recipe: Recipe):
+def _final_model(accelerator: Accelerator, model, recipe: Recipe, cpu_fsdp: bool):
     """The trained model as a plain transformers model (LoRA merged) on the main process, None on the others.
     Under FSDP each process holds shards: all gather the full state dict, the main process loads it into a copy."""
-    if accelerator.distributed_type != DistributedType.FSDP:
+    if not cpu_fsdp and accelerator.distributed_type != DistributedType.FSDP:
         return merged(accelerator.unwrap_model(model)) if accelerator.is_main_process else None
-    state = accelerator.get_state_dict(model)  # a collective: every process takes part
+    # A collective: every process takes part.
+    state = full_state_dict(model) if cpu_fsdp else accelerator.get_state_dict(model)
     if not accelerator.is_main_process:
         return None
     t = recipe.train
