@@ -9,8 +9,8 @@
 - ``export MODEL --out DIR``: write a RoPE model as a native transformers model where one is exact.
 
 Method options come from the method config dataclasses, so a new method gets its flags by being registered. The
-parsers' conventions (one-line errors, no abbreviated flags, list flags) are ``cli_args``'s; what is checked about a
-model before any work (a name found nowhere, a shrinking ``--max-length``) is ``cli_checks``'s."""
+parsers' conventions (one-line errors, no abbreviated flags, list flags) are ``cli_args``'s; before any work, a model
+name found nowhere is refused by ``model_sources``, a shrinking ``--max-length`` by ``cli_checks``."""
 
 from __future__ import annotations
 
