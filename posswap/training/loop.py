@@ -28,6 +28,7 @@ from ..loading import from_pretrained, load_tokenizer, resolve_model_id, save_mo
 from ..patching import patch, patched_config
 from ..portable.posswap_architectures import ARCHITECTURES, find_sites
 from ..portable.posswap_files import absolute, hold
+from ..sentence_models import import_sentence_transformers
 from .checkpoint import (
     load_checkpoint,
     log_lines_upto,
@@ -101,6 +102,8 @@ def train(
     differs from the one the checkpoints were made with."""
     recipe.validate()  # also when built in Python rather than by recipe_from_dict
     recipe.check_sources()
+    if recipe.embedding is not None:  # sentence-transformers' trainer: not installed is one line naming the extra
+        import_sentence_transformers("An embedding recipe's model")
     with hold_run_dir(Path(recipe.train.output_dir)):  # one run per folder, from the first check to the last write
         if recipe.embedding is not None:  # a sentence-transformers model, with its own trainer: training/embedding.py
             from .embedding import train_embedding

@@ -24,6 +24,7 @@ from ..config import (
     shown,
 )
 from ..evaluation.harness import check_settings
+from ..shipped_recipes import recipe_file
 from .embedding_recipe import EmbeddingSpec, check_embedding_recipe
 
 TRAINABLE = ("full", "positions", "lora", "head")
@@ -372,10 +373,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 
 def load_recipe(path: str | Path, overrides: list[str] = ()) -> tuple[Recipe, dict[str, Any]]:
-    """The validated recipe and the raw mapping it came from (saved beside checkpoints)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"No recipe file {str(path)!r}.")
+    """The validated recipe and the raw mapping it came from (saved beside checkpoints). ``path``: a YAML file, or
+    the name of a recipe that ships with posswap (``minilm-embed-2k``; ``posswap train --list`` lists them)."""
+    path = recipe_file(path)
     try:
         raw = load_yaml(path.read_text()) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as error:  # the parser's own message spans several lines

@@ -1,0 +1,74 @@
+"""The pieces every ``posswap`` command's parser is built from: argparse with posswap's conventions.
+
+- Errors are one line, like every other posswap error (the usage is in ``--help``).
+- No abbreviations: ``--rope-typ`` is an unknown flag, not ``--rope-type`` (argparse's default guesses).
+- List flags take values separated by spaces and may be repeated (``--lengths 256 512 --lengths 1024``).
+- A flag that was renamed says what replaced it."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+from .config import load_yaml
+from .portable.posswap_block import RENAMED_IN
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, with its errors on one line and no abbreviated flags; the subcommands' parsers are of this
+    class too (argparse makes them with the parent's class)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def yaml_value(text: str) -> Any:
+    """``4096`` -> 4096, ``0.5`` -> 0.5, ``1e6`` -> 1000000.0, ``yarn`` -> "yarn", ``null`` -> None: the config
+    validates the type."""
+    try:
+        return load_yaml(text)
+    except yaml.YAMLError as error:  # argparse reports ArgumentTypeError as one usage line
+        raise argparse.ArgumentTypeError(
+            f"not valid YAML: {getattr(error, 'problem', None) or type(error).__name__}"
+        ) from None
+
+
+class Renamed(argparse.Action):
+    """A flag that was in posswap's README and no longer exists: one line naming what replaced it."""
+
+    def __init__(self, option_strings, dest, message: str = "", **kwargs):
+        super().__init__(option_strings, dest, nargs="*", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        self.message = message
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(self.message)
+
+
+def renamed(parser: argparse.ArgumentParser, old: str, new: str) -> None:
+    parser.add_argument(old, action=Renamed, message=f"{old} was renamed {new} in posswap {RENAMED_IN}; use {new}.")
+
+
+def items(kind: Callable[[str], Any], flag: str) -> Callable[[str], Any]:
+    """argparse type of one value of a list flag (``--lengths 256 512``): a comma-separated value is refused,
+    showing the space-separated form."""
+
+    def parse(text: str) -> Any:
+        parts = [part.strip() for part in text.split(",") if part.strip()]
+        if len(parts) > 1:
+            raise argparse.ArgumentTypeError(f"values are separated by spaces, not commas: {flag} {' '.join(parts)}")
+        return kind(text)
+
+    parse.__name__ = getattr(kind, "__name__", "value")  # argparse's "invalid int value" names the kind
+    return parse
+
+
+def list_flag(parser, flag: str, kind: Callable = str, **kwargs) -> None:
+    """A list flag, posswap's one convention: values separated by spaces, the flag repeatable."""
+    parser.add_argument(flag, nargs="+", action="extend", type=items(kind, flag), default=None, **kwargs)
