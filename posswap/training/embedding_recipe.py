@@ -97,6 +97,11 @@ def check_embedding_recipe(recipe: Any, defaults: Any) -> None:
                 "remove it."
             )
     check_choice("train.trainable (embedding recipe)", t.trainable, ("full", "positions"))
+    if t.distill != d.distill:
+        raise ValueError(
+            "train.distill is for the MLM/CLM loop; an embedding recipe keeps what the unpatched model gave with "
+            "embedding.teacher (texts it embedded, trained with 1 - cosine): remove train.distill and use that."
+        )
     if recipe.embedding.pairs < t.batch_size * t.grad_accum:  # the trainer drops a short last batch: no step at all
         raise ValueError(
             f"embedding.pairs ({recipe.embedding.pairs}) is fewer than one optimizer step takes (train.batch_size x "

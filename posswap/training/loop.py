@@ -37,6 +37,7 @@ from .checkpoint import (
 )
 from .cpu_fsdp import full_state_dict, shard, shards_on_cpu
 from .data import packed_windows, with_repeated_spans
+from .distill import Distiller, make_distiller
 from .objectives import batch_preparer, stack_windows
 from .optimizer import MAX_GRAD_NORM, group_settings, parameter_groups
 from .recipe import Recipe
@@ -174,6 +175,7 @@ class _Run:
     offset: int  # RoBERTa's padding rows
     cpu_fsdp: bool = False  # sharded by posswap (FSDP2 on the CPU), not by accelerate
     step: int = 0
+    distiller: Distiller | None = None  # train.distill: the unpatched model as teacher (None: weight 0)
 
     @property
     def run_dir(self) -> Path:
@@ -230,9 +232,11 @@ def _build(recipe: Recipe, accelerator: Accelerator, cpu_fsdp: bool) -> _Run:
         optimizer = accelerator.prepare(optimizer)
     else:
         model, optimizer = accelerator.prepare(model, optimizer)
-    return _Run(
+    run = _Run(
         recipe, accelerator, model, tokenizer, causal, optimizer, scheduler, sites.max_length, sites.offset, cpu_fsdp
     )
+    run.distiller = make_distiller(recipe, causal, accelerator)
+    return run
 
 
 def _resume(run: _Run, checkpoint: Path, force: bool) -> None:
@@ -310,7 +314,9 @@ def _optimizer_step(run: _Run, batches, prepare) -> float:
         batch = prepare(next(batches))
         sync = micro == t.grad_accum - 1
         with accelerator.no_sync(model) if not sync else nullcontext():  # DDP all-reduces once per step
-            loss = model(**batch).loss / t.grad_accum
+            output = model(**batch)
+            loss = output.loss if run.distiller is None else run.distiller.loss(output, model, batch)
+            loss = loss / t.grad_accum
             accelerator.backward(loss)
         loss_sum += loss.detach().float()
     # The prepared model's parameters: FSDP replaces those captured before prepare (frozen ones have no grad).
@@ -318,6 +324,8 @@ def _optimizer_step(run: _Run, batches, prepare) -> float:
     run.optimizer.step()
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
+    if run.distiller is not None:
+        run.distiller.end_step()  # the step's KL and the teacher's cost, for the log line
     return accelerator.reduce(loss_sum, reduction="mean").item()
 
 
@@ -325,6 +333,7 @@ def _log_step(run: _Run, loss: float, length: int) -> None:
     t = run.recipe.train
     if run.accelerator.is_main_process and (run.step % t.log_every == 0 or run.step == t.max_steps):
         line = {"step": run.step, "loss": loss, "lr": run.scheduler.get_last_lr()[0], "length": length}
+        line.update(run.distiller.logged if run.distiller is not None else {})
         with open(run.log_path, "a") as f:
             f.write(json.dumps(line) + "\n")
 

@@ -25,6 +25,7 @@ from ..config import (
 )
 from ..evaluation.harness import check_settings
 from ..shipped_recipes import recipe_file
+from .distill import DistillSpec
 from .embedding_recipe import EmbeddingSpec, check_embedding_recipe
 
 TRAINABLE = ("full", "positions", "lora", "head")
@@ -88,6 +89,7 @@ class TrainSpec:
     trainable: str = "full"  # full | positions | lora | head
     train_norms: bool = False  # with positions / lora: LayerNorms train too (LongLoRA)
     lora: LoraSpec = field(default_factory=LoraSpec)
+    distill: DistillSpec = field(default_factory=DistillSpec)  # the unpatched model as teacher: training/distill.py
     pose_window: int | None = None  # PoSE: train on windows this long whose position ids span max_length
     curriculum: list[int] | None = None  # window lengths, steps split evenly, e.g. [1024, 2048, 4096]
     mlm_probability: float = 0.15
@@ -99,6 +101,8 @@ class TrainSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.lora, LoraSpec):
             self.lora = _build(LoraSpec, self.lora, "train.lora")
+        if not isinstance(self.distill, DistillSpec):
+            self.distill = _build(DistillSpec, self.distill, "train.distill")
 
     def validate(self, max_length: int | None) -> None:
         check_text("train.output_dir", self.output_dir)
@@ -116,6 +120,7 @@ class TrainSpec:
         check_bool("train.gradient_checkpointing", self.gradient_checkpointing)
         check_bool("train.train_norms", self.train_norms)
         self.lora.validate()
+        self.distill.validate()
         self._validate_lengths(max_length)
 
     def _validate_lengths(self, max_length: int | None) -> None:
