@@ -245,6 +245,7 @@ BAD = [
     ("train.pose_window=128", "train.pose_window is not used by an embedding recipe"),
     ("train.curriculum=[256,512]", "train.curriculum is not used by an embedding recipe"),
     ("train.lora.r=4", "train.lora is not used by an embedding recipe"),
+    ("train.distill.weight=1", "train.distill is for the MLM/CLM loop"),  # embedding.teacher is its mechanism
     # data
     ("data.train=posswap:nope", "data.train: no embedded split 'posswap:nope'"),
     ("data.text_column=body", "data.text_column: 'posswap:austen-train' has one text column, 'text'"),
@@ -255,7 +256,11 @@ BAD = [
     ("tokenizer=bert-base-uncased", "tokenizer: an embedding recipe uses the sentence-transformers model's own"),
     ("eval.lengths=[256]", "eval.lengths: the eval block runs the MLM/CLM harness"),
 ]
-NAMED = {"train.lora.r": "train.lora", "embedding.pairz": "embedding: pairz"}  # how the message names the key
+NAMED = {
+    "train.lora.r": "train.lora",
+    "train.distill.weight": "train.distill",
+    "embedding.pairz": "embedding: pairz",
+}  # how the message names the key
 
 
 @pytest.fixture
