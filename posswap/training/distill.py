@@ -84,10 +84,11 @@ class Distiller:
     def _reset(self) -> None:
         self.kl_sum, self.micro, self.teacher_seconds, self.started = 0.0, 0, 0.0, time.perf_counter()
 
+    def start_step(self) -> None:
+        self.started = time.perf_counter()
+
     def loss(self, output, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """``output.loss`` (the objective at the new length) + weight x T^2 x KL on the teacher's prefix."""
-        if self.micro == 0:
-            self.started = time.perf_counter()
         length = min(self.length, batch["input_ids"].shape[1])
         ids = batch["input_ids"][:, :length]
         teacher_logits = self._teacher_logits(ids)

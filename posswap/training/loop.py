@@ -310,6 +310,8 @@ def _optimizer_step(run: _Run, batches, prepare) -> float:
     """One optimizer step over ``grad_accum`` micro-batches; returns the loss, averaged over processes."""
     t, accelerator, model = run.recipe.train, run.accelerator, run.model
     loss_sum = 0.0
+    if run.distiller is not None:
+        run.distiller.start_step()
     for micro in range(t.grad_accum):
         batch = prepare(next(batches))
         sync = micro == t.grad_accum - 1
