@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import tomllib
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 PYPROJECT = Path(__file__).parents[1] / "pyproject.toml"
 
 
