@@ -29,8 +29,9 @@ from . import posswap_blocked
 
 try:  # torch's own CPU flash kernel, as F.scaled_dot_product_attention runs it, with the log-sum-exp it discards
     _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    _FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 except (AttributeError, RuntimeError):  # a torch without it: plain ops
-    _FLASH = None
+    _FLASH = _FLASH_BACKWARD = None
 
 
 @dataclass(frozen=True)
@@ -176,26 +177,38 @@ def _table_grad(d_table, d_scores, mask, plan: Plan, rows, keys: int, q_len: int
     d_table.index_add_(1, index.expand(d_scores.shape[0], -1, -1).reshape(-1), flat)
 
 
+def _each_block(plan: Plan, table, shape: tuple[int, ...], k_len: int, rows: int):
+    """Per block of ``rows`` queries: (query slice, key slice of the reversed keys, its mask or None, its bias)."""
+    q_len = shape[2]
+    for block in _blocks(q_len, rows):
+        keys = _block_keys(plan, block[1], q_len, k_len)
+        mask = _block_mask(plan, block, keys, q_len, table.device)
+        bias = _block_bias(table, plan, block, keys, q_len, k_len, mask)
+        yield slice(*block), slice(k_len - keys, k_len), mask, bias, block
+
+
+def _forward_rows(plan: Plan, shape: tuple[int, ...], k_len: int) -> int:
+    if plan.q_pos is None and plan.mask is None:  # the bias a view of the table: rows cost no memory
+        return posswap_blocked.FAST_ROWS
+    return _rows(shape[0], shape[1], k_len)
+
+
 class BlockedBiasAttention(torch.autograd.Function):
     """``softmax(q k^T * scaling + bias + mask) v`` (batch, heads, q, head_dim), the bias gathered per block from
     ``table`` as ``plan`` says; gradients to q, k, v and the table."""
 
     @staticmethod
     def forward(ctx, query, key, value, table, plan: Plan):
-        q_len, k_len = query.shape[2], key.shape[2]
-        masked = _causal_table(table.detach(), plan, k_len - q_len)
+        k_len = key.shape[2]
+        masked = _causal_table(table.detach(), plan)
         k_rev, v_rev = key.flip(2), value.flip(2)
         out = query.new_empty(*query.shape[:3], value.shape[-1])
         lse = query.new_empty(query.shape[:3], dtype=torch.float32)
-        whole = plan.q_pos is None and plan.mask is None  # a view of the table: rows cost no memory
-        rows = posswap_blocked.FAST_ROWS if whole else _rows(query.shape[0], query.shape[1], k_len)
-        for block in _blocks(q_len, rows):
-            keys = _block_keys(plan, block[1], q_len, k_len)
-            mask = _block_mask(plan, block, keys, q_len, query.device)
-            bias = _block_bias(masked, plan, block, keys, q_len, k_len, mask)
-            sl = slice(*block)
+        for sl, ks, _, bias, _ in _each_block(
+            plan, masked, query.shape, k_len, _forward_rows(plan, query.shape, k_len)
+        ):
             out[:, :, sl], lse[:, :, sl] = _forward_block(
-                query[:, :, sl], k_rev[:, :, k_len - keys :], v_rev[:, :, k_len - keys :], bias, plan.scaling
+                query[:, :, sl], k_rev[:, :, ks], v_rev[:, :, ks], bias, plan.scaling
             )
         ctx.save_for_backward(query, key, value, out, lse)
         ctx.plan, ctx.masked = plan, masked
@@ -204,30 +217,41 @@ class BlockedBiasAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         query, key, value, out, lse = ctx.saved_tensors
-        plan, masked = ctx.plan, ctx.masked
-        q_len, k_len = query.shape[2], key.shape[2]
+        plan, masked, k_len = ctx.plan, ctx.masked, key.shape[2]
         k_rev, v_rev, grad_out = key.flip(2), value.flip(2), grad_out.contiguous()
-        d_query, d_key, d_value = torch.empty_like(query), torch.zeros_like(k_rev), torch.zeros_like(v_rev)
+        grads = torch.empty_like(query), torch.zeros_like(k_rev), torch.zeros_like(v_rev)
         d_table = torch.zeros_like(masked) if ctx.needs_input_grad[3] else None
+        dead = bool((lse <= torch.finfo(lse.dtype).min / 2).any())
+        if d_table is None and _FLASH_BACKWARD is not None and not dead:  # torch's kernel: no score gradient kept
+            _flash_backward(plan, masked, (query, k_rev, v_rev, out, lse), grad_out, grads)
+            return grads[0], grads[1].flip(2), grads[2].flip(2), None, None
         delta = (grad_out * out).sum(-1, keepdim=True)  # rowsum(dO * O) = rowsum(P * dP)
-        for block in _blocks(q_len, _rows(query.shape[0], query.shape[1], k_len)):
-            keys, sl = _block_keys(plan, block[1], q_len, k_len), slice(*block)
-            mask = _block_mask(plan, block, keys, q_len, query.device)
-            bias = _block_bias(masked, plan, block, keys, q_len, k_len, mask)
-            ks = slice(k_len - keys, k_len)
-            grads = (d_query[:, :, sl], d_key[:, :, ks], d_value[:, :, ks])
+        for sl, ks, mask, bias, block in _each_block(plan, masked, query.shape, k_len, _rows(*query.shape[:2], k_len)):
             d_scores = _backward_block(
                 query[:, :, sl], k_rev[:, :, ks], v_rev[:, :, ks], grad_out[:, :, sl], lse[:, :, sl],
-                delta[:, :, sl], bias, plan.scaling, grads,
+                delta[:, :, sl], bias, plan.scaling, (grads[0][:, :, sl], grads[1][:, :, ks], grads[2][:, :, ks]),
             )  # fmt: skip
             if d_table is not None:
-                _table_grad(d_table, d_scores, mask, plan, block, keys, q_len, k_len)
+                _table_grad(d_table, d_scores, mask, plan, block, ks.stop - ks.start, query.shape[2], k_len)
         if d_table is not None and plan.q_pos is None and plan.causal and plan.mask is None:
             d_table[:, : -plan.lo] = 0.0  # negative distances: masked (the causal cut), no gradient
-        return d_query, d_key.flip(2), d_value.flip(2), d_table, None
+        return grads[0], grads[1].flip(2), grads[2].flip(2), d_table, None
 
 
-def _causal_table(table: torch.Tensor, plan: Plan, past: int) -> torch.Tensor:
+def _flash_backward(plan: Plan, table, saved: tuple, grad_out, grads: tuple) -> None:
+    """q, k, v gradients block by block through torch's CPU flash backward (no gradient to the table wanted, and
+    no row with every key masked: the kernel's exp(s - lse) reads 1 on those, where the softmax gave 1 / keys)."""
+    query, k_rev, v_rev, out, lse = saved
+    k_len = k_rev.shape[2]
+    for sl, ks, _, bias, _ in _each_block(plan, table, query.shape, k_len, _forward_rows(plan, query.shape, k_len)):
+        blocks = (query[:, :, sl], k_rev[:, :, ks], v_rev[:, :, ks], out[:, :, sl], lse[:, :, sl])
+        d_q, d_k, d_v = _FLASH_BACKWARD(grad_out[:, :, sl], *blocks, 0.0, False, attn_mask=bias, scale=plan.scaling)
+        grads[0][:, :, sl] = d_q
+        grads[1][:, :, ks] += d_k
+        grads[2][:, :, ks] += d_v
+
+
+def _causal_table(table: torch.Tensor, plan: Plan) -> torch.Tensor:
     """The table with lowest at negative distances where they mark later keys (contiguous positions, causal,
     no mask): a block's strided view then masks what its causal cut keeps of them."""
     if plan.q_pos is not None or not plan.causal or plan.mask is not None or plan.lo >= 0:
