@@ -202,11 +202,58 @@ def test_a_cpu_training_step_at_a_long_input_takes_the_blocked_path(calls):
     assert calls.count == 2
 
 
-def test_dropout_keeps_the_dense_path(monkeypatch, calls):
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_dropout_gradients_equal_a_reference_with_the_same_masks(monkeypatch, calls, causal):
+    """Attention dropout: each block's keep mask comes from ``dropout_scale`` (a generator per block, seeded from the
+    call's seed), drawn again in backward; a dense reference given the same masks has the same output and
+    gradients, and the masks really drop."""
+    monkeypatch.setattr(posswap_blocked, "BLOCK_BYTES", 0)  # blocks of MIN_ROWS rows
+    gen = torch.Generator().manual_seed(0)
+    b, h, n, d = 2, 3, 23, 8
+    q, k, v = (torch.randn(b, h, n, d, generator=gen).requires_grad_() for _ in range(3))
+    weights = torch.randn(h, 2 * n - 1, generator=gen).requires_grad_()
+    provider = type("Table", (), {})()
+    provider.bias = lambda qp, kp: weights[:, qp[..., :, None] - kp[..., None, :] + n - 1].movedim(0, 1)
+    pos = torch.arange(n)[None]
+    table, plan = posswap_blocked_grad.make_plan(provider, (pos, pos), None, causal, d**-0.5, torch.float32, 0.3)
+    out = BlockedBiasAttention.apply(q, k, v, table, plan, 1234)
+    scale = torch.zeros(b, h, n, n)
+    for start in range(0, n, posswap_blocked.MIN_ROWS):
+        stop = min(n, start + posswap_blocked.MIN_ROWS)
+        keys = stop if causal else n  # a decoder's block reads no key after its last query
+        drop = posswap_blocked_grad.dropout_scale(plan, (b, h, stop - start, keys), 1234, start)
+        scale[:, :, start:stop, :keys] = drop.flip(-1)  # drawn over the keys in reverse order
+    assert 0.2 < float((scale[:, :, :, :1] == 0).float().mean()) < 0.4
+    bias = table[:, pos[0][:, None] - pos[0][None, :] - plan.lo][None]
+    if causal:
+        bias = bias.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), LOWEST)
+    reference = (torch.softmax(q @ k.transpose(-1, -2) * d**-0.5 + bias, dim=-1) * scale) @ v
+    torch.testing.assert_close(out, reference, atol=2e-5, rtol=1e-5)
+    grad = torch.randn(out.shape, generator=gen)
+    got = torch.autograd.grad(out, (q, k, v, weights), grad, retain_graph=True)
+    for mine, expected in zip(got, torch.autograd.grad(reference, (q, k, v, weights), grad)):
+        torch.testing.assert_close(mine, expected, atol=5e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_model_with_attention_dropout_trains_on_the_blocked_path(monkeypatch, calls, reentrant):
+    """GPT-2 with attention dropout 0.1 (its default): the blocked path, whose seeds come from torch's RNG, so a
+    checkpointed layer run again in backward draws the masks of its forward (same gradients as without)."""
+
+    def step(checkpointing):
+        model = patched("gpt2", "t5-bias").train()
+        for block in model.transformer.h:
+            block.attn.resid_dropout.p = 0.0
+        model.transformer.drop.p = 0.0
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        torch.manual_seed(7)
+        out = first(model(input_ids=token_ids(40)))
+        (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(5))).sum().backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
     monkeypatch.setattr(posswap_blocked, "BLOCK_BYTES", 0)
-    model = patched("gpt2", "alibi").train()
-    model.config.attn_pdrop = 0.1
-    for block in model.transformer.h:
-        block.attn.attn_dropout.p = 0.1
-    first(model(input_ids=token_ids(40))).sum().backward()
-    assert calls.count == 0
+    plain = step(False)
+    assert calls.count == 2
+    assert_same_gradients(step(True), plain)
+    assert calls.count >= 4

@@ -294,7 +294,7 @@ def bias_sdpa_attention(module, query, key, value, attention_mask, dropout: floa
     if blocked:  # inference on CPU: the bias never built whole (posswap_blocked.py)
         out = blocked_attention(module, query, key, value, attention_mask, scaling, kwargs)
     elif trained:  # training on CPU: the bias per block, recomputed in backward (posswap_blocked_grad.py)
-        out = blocked_training(module, query, key, value, attention_mask, scaling, kwargs)
+        out = blocked_training(module, query, key, value, attention_mask, scaling, dropout, kwargs)
     else:
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
     return out[..., :head_dim].transpose(1, 2).contiguous(), None
@@ -328,21 +328,23 @@ def blocked_attention(module, query, key, value, attention_mask, scaling: float,
     return general_sdpa(query, key, value, attention_mask, positions, combine, causal, scaling)
 
 
-def blocked_training(module, query, key, value, attention_mask, scaling: float, kwargs: dict) -> torch.Tensor:
+def blocked_training(module, query, key, value, attention_mask, scaling: float, dropout: float, kwargs: dict):
     """Attention with gradients, the bias gathered per block from a distance table (``posswap_blocked_grad.py``),
-    (batch, heads, q, head_dim). The table (with its graph to the provider's parameters) is made once per forward."""
+    (batch, heads, q, head_dim). The table (with its graph to the provider's parameters) is made once per forward;
+    the dropout's seed is drawn per layer from torch's RNG (a checkpointed layer run again draws it again)."""
     provider: BiasProvider = module.posswap_bias
     q_len, k_len = query.shape[2], key.shape[2]
     causal = module.is_causal and q_len > 1
     positions = call_positions(module, q_len, k_len, query.device, kwargs)
-    key_ = (attention_mask, kwargs.get("position_ids"), q_len, k_len, query.dtype, scaling)
+    key_ = (attention_mask, kwargs.get("position_ids"), q_len, k_len, query.dtype, scaling, dropout)
     table, plan = shared(
         kwargs,
         (provider, "training plan"),
         key_,
-        lambda: make_plan(provider, positions, attention_mask, causal, scaling, query.dtype),
+        lambda: make_plan(provider, positions, attention_mask, causal, scaling, query.dtype, dropout),
     )
-    return BlockedBiasAttention.apply(query, key, value, table, plan)
+    seed = int(torch.randint(2**62, (1,))) if dropout > 0 else 0
+    return BlockedBiasAttention.apply(query, key, value, table, plan, seed)
 
 
 def bias_eager_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):

@@ -15,7 +15,9 @@ bias is a strided view of the table (as on the inference path, ``posswap_blocked
 block sees no key after its last query (the causal cut), which stock's ``is_causal`` gets and a dense mask loses.
 
 Forward runs CPU's flash kernel per block (``_scaled_dot_product_flash_attention_for_cpu``: output and log-sum-exp,
-honouring the mask's strides); without it, plain ops. Float32 only, no dropout: other cases keep the dense path.
+honouring the mask's strides); without it, or with attention dropout, plain ops. Dropout: each block's keep mask
+drawn from its own generator, seeded from torch's RNG once per call, and drawn again in backward (nothing kept).
+Float32 only: other dtypes keep the dense path.
 It travels with saved models (``posswap/portable``), so it imports nothing from posswap.
 """
 
@@ -47,18 +49,22 @@ class Plan:
     mask: torch.Tensor | None
     causal: bool
     scaling: float
+    dropout: float = 0.0
 
 
 def trainable(module, query: torch.Tensor, key: torch.Tensor, attention_mask, dropout: float) -> bool:
-    """True where the blocked training path replaces the dense bias: CPU, float32, no dropout, a gradient needed, a
-    shift-invariant bias, a boolean mask (or none), and a dense bias larger than ``posswap_blocked.BLOCK_BYTES``."""
+    """True where the blocked training path replaces the dense bias: CPU, float32, a gradient needed or attention
+    dropout, a shift-invariant bias, a boolean mask (or none), and a dense bias over ``posswap_blocked.BLOCK_BYTES``.
+    Dropout alone is enough: reentrant checkpointing runs a layer's forward without gradients, then again with, and
+    both runs must draw the same masks (the same route)."""
     provider = module.posswap_bias
-    if query.device.type != "cpu" or query.dtype != torch.float32 or dropout > 0 or not torch.is_grad_enabled():
+    if query.device.type != "cpu" or query.dtype != torch.float32:
         return False
     if not (provider.has_bias and provider.shift_invariant):
         return False
-    if not any(t.requires_grad for t in (query, key)) and not any(p.requires_grad for p in provider.parameters()):
-        return False
+    inputs = any(t.requires_grad for t in (query, key)) or any(p.requires_grad for p in provider.parameters())
+    if not (torch.is_grad_enabled() and inputs) and dropout <= 0:
+        return False  # inference: posswap_blocked's routes
     if attention_mask is not None and not _plain_mask(attention_mask, query.shape[2], key.shape[2]):
         return False
     batch = attention_mask.shape[0] if isinstance(attention_mask, torch.Tensor) else 1
@@ -76,7 +82,7 @@ def _plain_mask(mask, q_len: int, k_len: int) -> bool:
     )
 
 
-def make_plan(provider, positions, mask, causal: bool, scaling: float, dtype) -> tuple[torch.Tensor, Plan]:
+def make_plan(provider, positions, mask, causal: bool, scaling: float, dtype, dropout: float = 0.0):
     """The distance table (heads, W) in ``dtype`` (made by the provider, so it carries the gradient back to its
     parameters) and the plan of a call with these (q_pos, k_pos) positions."""
     q_pos, k_pos = positions
@@ -87,8 +93,8 @@ def make_plan(provider, positions, mask, causal: bool, scaling: float, dtype) ->
     table = table[0, :, :, 0].to(dtype).contiguous()
     queries_last = torch.equal(q_pos, k_pos[:, k_pos.shape[-1] - q_pos.shape[-1] :])  # the queries: the last keys
     if posswap_blocked.contiguous_positions(k_pos) and queries_last:
-        return table, Plan(lo, None, None, mask, causal, scaling)
-    return table, Plan(lo, q_pos - lo, k_pos.flip(-1), mask, causal, scaling)
+        return table, Plan(lo, None, None, mask, causal, scaling, dropout)
+    return table, Plan(lo, q_pos - lo, k_pos.flip(-1), mask, causal, scaling, dropout)
 
 
 def _block_keys(plan: Plan, stop: int, q_len: int, k_len: int) -> int:
@@ -141,24 +147,35 @@ def _rows(batch: int, heads: int, keys: int) -> int:
     return max(posswap_blocked.MIN_ROWS, posswap_blocked.BLOCK_BYTES // (4 * batch * heads * keys))
 
 
-def _forward_block(query, key, value, bias, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Output and log-sum-exp (fp32) of one block."""
-    if _FLASH is not None:
+def _forward_block(query, key, value, bias, scaling: float, drop) -> tuple[torch.Tensor, torch.Tensor]:
+    """Output and log-sum-exp (fp32) of one block; ``drop``: its dropout's keep mask / (1 - p), or None."""
+    if _FLASH is not None and drop is None:
         return _FLASH(query, key, value, attn_mask=bias, scale=scaling)
     scores = torch.matmul(query * scaling, key.transpose(-1, -2)).add_(bias)
     lse = torch.logsumexp(scores, -1)
-    return torch.matmul(torch.softmax(scores, -1), value), lse  # softmax: a row with every key masked stays even
+    probs = torch.softmax(scores, -1)  # softmax: a row with every key masked stays even
+    return torch.matmul(probs if drop is None else probs.mul_(drop), value), lse
 
 
-def _backward_block(query, key, value, grad, lse, delta, bias, scaling, grads) -> torch.Tensor:
+def dropout_scale(plan: Plan, shape: tuple[int, ...], seed: int, start: int) -> torch.Tensor | None:
+    """The block's dropout (keep mask / (1 - p), ``shape``), drawn from a generator of its own (the call's seed and
+    the block's first row): the same in forward and backward. None without dropout."""
+    if plan.dropout <= 0:
+        return None
+    generator = torch.Generator().manual_seed(seed + start)
+    return torch.empty(shape).bernoulli_(1 - plan.dropout, generator=generator).div_(1 - plan.dropout)
+
+
+def _backward_block(query, key, value, grad, lse, delta, bias, scaling, grads, drop) -> torch.Tensor:
     """Adds one block's gradients to ``grads`` = (dq rows, dk, dv) and returns its scores' gradient."""
     scaled = query * scaling
     probs = torch.matmul(scaled, key.transpose(-1, -2)).add_(bias).sub_(lse[..., None]).exp_()
     dead = lse <= torch.finfo(lse.dtype).min / 2  # every key masked: lowest + log(keys) rounds to lowest,
     if dead.any():  # so exp(s - lse) reads 1 where the forward's softmax spread 1 / keys
         probs.masked_fill_(dead[..., None], 1.0 / key.shape[2])
-    grads[2].add_(torch.matmul(probs.transpose(-1, -2), grad))
-    d_scores = torch.matmul(grad, value.transpose(-1, -2)).sub_(delta).mul_(probs)
+    grads[2].add_(torch.matmul((probs if drop is None else probs * drop).transpose(-1, -2), grad))
+    d_probs = torch.matmul(grad, value.transpose(-1, -2))
+    d_scores = (d_probs if drop is None else d_probs.mul_(drop)).sub_(delta).mul_(probs)
     grads[0].copy_(torch.matmul(d_scores, key).mul_(scaling))
     grads[1].add_(torch.matmul(d_scores.transpose(-1, -2), scaled))
     return d_scores
@@ -188,7 +205,7 @@ def _each_block(plan: Plan, table, shape: tuple[int, ...], k_len: int, rows: int
 
 
 def _forward_rows(plan: Plan, shape: tuple[int, ...], k_len: int) -> int:
-    if plan.q_pos is None and plan.mask is None:  # the bias a view of the table: rows cost no memory
+    if plan.q_pos is None and plan.mask is None and plan.dropout <= 0:  # the bias a view: rows cost no memory
         return posswap_blocked.FAST_ROWS
     return _rows(shape[0], shape[1], k_len)
 
@@ -198,20 +215,20 @@ class BlockedBiasAttention(torch.autograd.Function):
     ``table`` as ``plan`` says; gradients to q, k, v and the table."""
 
     @staticmethod
-    def forward(ctx, query, key, value, table, plan: Plan):
+    def forward(ctx, query, key, value, table, plan: Plan, seed: int = 0):
         k_len = key.shape[2]
         masked = _causal_table(table.detach(), plan)
         k_rev, v_rev = key.flip(2), value.flip(2)
         out = query.new_empty(*query.shape[:3], value.shape[-1])
         lse = query.new_empty(query.shape[:3], dtype=torch.float32)
-        for sl, ks, _, bias, _ in _each_block(
-            plan, masked, query.shape, k_len, _forward_rows(plan, query.shape, k_len)
-        ):
+        rows = _forward_rows(plan, query.shape, k_len)
+        for sl, ks, _, bias, _ in _each_block(plan, masked, query.shape, k_len, rows):
+            drop = dropout_scale(plan, (*query.shape[:2], sl.stop - sl.start, ks.stop - ks.start), seed, sl.start)
             out[:, :, sl], lse[:, :, sl] = _forward_block(
-                query[:, :, sl], k_rev[:, :, ks], v_rev[:, :, ks], bias, plan.scaling
+                query[:, :, sl], k_rev[:, :, ks], v_rev[:, :, ks], bias, plan.scaling, drop
             )
         ctx.save_for_backward(query, key, value, out, lse)
-        ctx.plan, ctx.masked = plan, masked
+        ctx.plan, ctx.masked, ctx.seed = plan, masked, seed
         return out
 
     @staticmethod
@@ -222,20 +239,23 @@ class BlockedBiasAttention(torch.autograd.Function):
         grads = torch.empty_like(query), torch.zeros_like(k_rev), torch.zeros_like(v_rev)
         d_table = torch.zeros_like(masked) if ctx.needs_input_grad[3] else None
         dead = bool((lse <= torch.finfo(lse.dtype).min / 2).any())
-        if d_table is None and _FLASH_BACKWARD is not None and not dead:  # torch's kernel: no score gradient kept
+        if (
+            d_table is None and _FLASH_BACKWARD is not None and not dead and plan.dropout <= 0
+        ):  # torch's kernel: no score gradient kept
             _flash_backward(plan, masked, (query, k_rev, v_rev, out, lse), grad_out, grads)
-            return grads[0], grads[1].flip(2), grads[2].flip(2), None, None
+            return grads[0], grads[1].flip(2), grads[2].flip(2), None, None, None
         delta = (grad_out * out).sum(-1, keepdim=True)  # rowsum(dO * O) = rowsum(P * dP)
         for sl, ks, mask, bias, block in _each_block(plan, masked, query.shape, k_len, _rows(*query.shape[:2], k_len)):
+            drop = dropout_scale(plan, (*query.shape[:2], sl.stop - sl.start, ks.stop - ks.start), ctx.seed, sl.start)
             d_scores = _backward_block(
                 query[:, :, sl], k_rev[:, :, ks], v_rev[:, :, ks], grad_out[:, :, sl], lse[:, :, sl],
-                delta[:, :, sl], bias, plan.scaling, (grads[0][:, :, sl], grads[1][:, :, ks], grads[2][:, :, ks]),
+                delta[:, :, sl], bias, plan.scaling, (grads[0][:, :, sl], grads[1][:, :, ks], grads[2][:, :, ks]), drop,
             )  # fmt: skip
             if d_table is not None:
                 _table_grad(d_table, d_scores, mask, plan, block, ks.stop - ks.start, query.shape[2], k_len)
         if d_table is not None and plan.q_pos is None and plan.causal and plan.mask is None:
             d_table[:, : -plan.lo] = 0.0  # negative distances: masked (the causal cut), no gradient
-        return grads[0], grads[1].flip(2), grads[2].flip(2), d_table, None
+        return grads[0], grads[1].flip(2), grads[2].flip(2), d_table, None, None
 
 
 def _flash_backward(plan: Plan, table, saved: tuple, grad_out, grads: tuple) -> None:
