@@ -187,7 +187,7 @@ def _table_grad(d_table, d_scores, mask, plan: Plan, rows, keys: int, q_len: int
     if mask is not None:
         d_scores = d_scores.masked_fill(~mask, 0.0)
     index = _block_index(plan, rows, keys, q_len, k_len)
-    if index.shape[0] == 1:
+    if index.shape[0] == 1 and d_scores.shape[0] > 1:  # one index for the batch: its sum
         d_scores = d_scores.sum(0, keepdim=True)
     heads = d_table.shape[0]
     flat = d_scores.transpose(0, 1).reshape(heads, -1)
