@@ -257,3 +257,16 @@ def test_a_model_with_attention_dropout_trains_on_the_blocked_path(monkeypatch, 
     assert calls.count == 2
     assert_same_gradients(step(True), plain)
     assert calls.count >= 4
+
+
+def test_backend_eager_and_other_dtypes_keep_the_dense_path(monkeypatch, calls):
+    """``backend`` still picks the kernel: eager never takes the blocked path; nor does a float64 model."""
+    monkeypatch.setattr(posswap_blocked, "BLOCK_BYTES", 0)
+    config = posswap.T5BiasConfig(max_length=96, backend="eager")
+    eager = no_dropout(posswap.patch(make_model("gpt2", "GPT2LMHeadModel"), config).train())
+    first(eager(input_ids=token_ids(40))).sum().backward()
+    wide = no_dropout(patched("gpt2", "t5-bias").train().double())
+    first(wide(input_ids=token_ids(40))).sum().backward()
+    assert calls.count == 0
+    first(patched("gpt2", "t5-bias").train()(input_ids=token_ids(40))).sum().backward()
+    assert calls.count == 2

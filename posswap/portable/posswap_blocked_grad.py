@@ -38,10 +38,10 @@ except (AttributeError, RuntimeError):  # a torch without it: plain ops
 
 @dataclass(frozen=True)
 class Plan:
-    """How one call's blocks find their bias. ``q_pos`` (b|1, q) / ``k_pos`` (b|1, k): positions less the table's
-    first distance ``lo`` on the query side; None for contiguous positions shared by the batch (the strided-view
-    route). ``mask``: boolean (b|1, 1, q|1, k) or None; ``causal``: the module's, honoured by index when no mask is
-    given (the mask carries it otherwise)."""
+    """How one call's blocks find their bias: column ``q_pos - k_pos - lo`` of the table. ``q_pos`` (b|1, q): the
+    queries' positions less ``lo``; ``k_pos`` (b|1, k): the keys' in reverse order; both None for contiguous
+    positions shared by the batch (the strided-view route). ``mask``: boolean (b|1, 1, q|1, k) or None; ``causal``:
+    the module's, honoured by index when no mask is given (the mask carries it otherwise); ``dropout``: its p."""
 
     lo: int
     q_pos: torch.Tensor | None
@@ -167,16 +167,20 @@ def dropout_scale(plan: Plan, shape: tuple[int, ...], seed: int, start: int) -> 
 
 
 def _backward_block(query, key, value, grad, lse, delta, bias, scaling, grads, drop) -> torch.Tensor:
-    """Adds one block's gradients to ``grads`` = (dq rows, dk, dv) and returns its scores' gradient."""
+    """Adds one block's gradients to ``grads`` = (dq rows, dk, dv) and returns its scores' gradient. ``key`` and
+    ``value`` carry a last column of ones, so that s - lse and dP - delta come out of the matmuls themselves."""
     scaled = query * scaling
-    probs = torch.matmul(scaled, key.transpose(-1, -2)).add_(bias).sub_(lse[..., None]).exp_()
+    probs = torch.matmul(torch.cat([scaled, -lse[..., None]], -1), key.transpose(-1, -2)).add_(bias).exp_()
     dead = lse <= torch.finfo(lse.dtype).min / 2  # every key masked: lowest + log(keys) rounds to lowest,
     if dead.any():  # so exp(s - lse) reads 1 where the forward's softmax spread 1 / keys
         probs.masked_fill_(dead[..., None], 1.0 / key.shape[2])
     grads[2].add_(torch.matmul((probs if drop is None else probs * drop).transpose(-1, -2), grad))
-    d_probs = torch.matmul(grad, value.transpose(-1, -2))
-    d_scores = (d_probs if drop is None else d_probs.mul_(drop)).sub_(delta).mul_(probs)
-    grads[0].copy_(torch.matmul(d_scores, key).mul_(scaling))
+    if drop is None:
+        d_scores = torch.matmul(torch.cat([grad, -delta], -1), value.transpose(-1, -2))
+    else:
+        d_scores = torch.matmul(grad, value[..., :-1].transpose(-1, -2)).mul_(drop).sub_(delta)
+    d_scores = d_scores.mul_(probs)
+    grads[0].copy_(torch.matmul(d_scores, key[..., :-1]).mul_(scaling))
     grads[1].add_(torch.matmul(d_scores.transpose(-1, -2), scaled))
     return d_scores
 
@@ -245,6 +249,8 @@ class BlockedBiasAttention(torch.autograd.Function):
             _flash_backward(plan, masked, (query, k_rev, v_rev, out, lse), grad_out, grads)
             return grads[0], grads[1].flip(2), grads[2].flip(2), None, None, None
         delta = (grad_out * out).sum(-1, keepdim=True)  # rowsum(dO * O) = rowsum(P * dP)
+        ones = k_rev.new_ones(*k_rev.shape[:3], 1)
+        k_rev, v_rev = torch.cat([k_rev, ones], -1), torch.cat([v_rev, ones], -1)
         for sl, ks, mask, bias, block in _each_block(plan, masked, query.shape, k_len, _rows(*query.shape[:2], k_len)):
             drop = dropout_scale(plan, (*query.shape[:2], sl.stop - sl.start, ks.stop - ks.start), ctx.seed, sl.start)
             d_scores = _backward_block(
