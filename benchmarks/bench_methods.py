@@ -13,18 +13,18 @@ without posswap. Variants:
   stock       the model with SDPA (GPT-2: is_causal, no mask tensor), learned table
   copy        interpolate (copy): the same compute as stock by construction, measured to show it
   rope        posswap RoPE (rotation in hooks on the q/k projections, table dropped); rope-yarn: YaRN factor 4
-  alibi-sdpa  posswap ALiBi through SDPA (symmetric for the encoder); inference on CPU: the blocked path
-              (portable/posswap_blocked.py), no (heads, n, n) bias; with gradients the dense bias
+  alibi-sdpa  posswap ALiBi through SDPA (symmetric for the encoder); on CPU the blocked paths, no (heads, n, n)
+              bias: inference portable/posswap_blocked.py, training portable/posswap_blocked_grad.py
   alibi-dense the same with the dense (heads, n, n) bias forced (the path before the blocked one)
   alibi-flex  posswap ALiBi, bias in flex_attention's score_mod (torch.compile'd, compile time excluded);
               forward only on CPU: torch 2.13's flex_attention has no CPU backward
   sinusoidal  posswap's fixed sin/cos table in place of the learned one (a row lookup, as stock)
   nope        no positions at all (table dropped, nothing added)
-  t5-bias     posswap t5-bias (32 buckets shared by the layers) through SDPA, blocked at inference as alibi-sdpa;
+  t5-bias     posswap t5-bias (32 buckets shared by the layers) through SDPA, blocked on CPU as alibi-sdpa;
               t5-bias-dense: the dense bias forced
   tupe        posswap TUPE (sdpa): the positional correlation as extra q/k features, no n x n tensor
   tupe-dense  the alternative TUPE did not take: the same correlation as a dense (heads, n, n) bias in SDPA's mask
-  tupe-r      TUPE-R (sdpa): features plus T5's bucketed relative bias (blocked at inference)
+  tupe-r      TUPE-R (sdpa): features plus T5's bucketed relative bias (blocked on CPU)
 One process per (length, pass) holds every variant's model; each round calls every variant once (the order
 rotating by one each round), so a noisy neighbour slows all variants alike, and the ratios to stock are taken
 from the same rounds. Time: median of --repeats rounds after one warm-up call each. Peak memory: on CUDA

@@ -203,18 +203,19 @@ def retrieval_block(root: Path, task: str, summary: bool = False) -> list[str]:
 
 
 def speed_block(root: Path) -> list[str]:
-    """Forward time and peak memory against stock at each length (bench_methods' JSON), then the embedding
-    throughput of the patched MiniLM against the stock model reading 512-token pieces (bench_embeddings')."""
+    """Time and peak memory against stock at each length and pass (bench_methods' JSON: forward, or forward and
+    backward), then the embedding throughput of the patched MiniLM against the stock model reading 512-token pieces
+    (bench_embeddings')."""
     lines = [
-        "| run | length | variant | time vs stock | same-round time vs stock | memory vs stock |",
-        "|---|---|---|---|---|---|",
+        "| run | length | pass | variant | time vs stock | same-round time vs stock | memory vs stock |",
+        "|---|---|---|---|---|---|---|",
     ]
     for path in sorted(root.glob("*.json")):
         run = json.loads(path.read_text())
         for row in run.get("rows", []):
             if row["variant"] != "stock":
                 lines.append(
-                    f"| `{path.stem}` | {row['length']} | {row['variant']} | {row['time_vs_stock']:.2f} | "
+                    f"| `{path.stem}` | {row['length']} | {row['pass']} | {row['variant']} | {row['time_vs_stock']:.2f} | "
                     f"{row['time_vs_stock_paired']:.2f} | {row['memory_vs_stock']:.2f} |"
                 )
     lines += [

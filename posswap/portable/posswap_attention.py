@@ -39,6 +39,7 @@ from .posswap_blocked import (
     key_prefix_lengths,
     wanted,
 )
+from .posswap_blocked_grad import BlockedBiasAttention, make_plan, trainable
 from .posswap_hooks import CACHE_KWARGS, find_hooks
 from .posswap_state import STATE_KWARG, install_call_state, shared
 
@@ -276,20 +277,24 @@ def bias_sdpa_attention(module, query, key, value, attention_mask, dropout: floa
         )
     scaling, head_dim = (query.shape[-1] ** -0.5 if scaling is None else scaling), value.shape[-1]
     blocked = module.posswap_bias.has_bias and wanted(module, query, key, value, attention_mask, dropout)
+    trained = not blocked and trainable(module, query, key, attention_mask, dropout)
     mask = None
-    if module.posswap_bias.has_bias and not blocked:
+    if module.posswap_bias.has_bias and not blocked and not trained:
         mask = additive_mask(module, query, key, attention_mask, kwargs)
     query, key = with_features(module, query, key, scaling, kwargs)
     if query.shape[-1] != head_dim:
         # CPU's fused SDPA kernels want v as wide as q and k (else the math path, 3x slower): zeros, cut off after.
         value = F.pad(value, (0, query.shape[-1] - head_dim))
-    if not blocked and mask is None:  # features only: the model's own mask (or is_causal), as plain SDPA runs it
+    if not blocked and not trained and mask is None:
+        # features only: the model's own mask (or is_causal), as plain SDPA runs it
         out, _ = sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
         return out[..., :head_dim].contiguous(), None
     if blocked:  # inference on CPU: the bias never built whole (posswap_blocked.py)
         out = blocked_attention(module, query, key, value, attention_mask, scaling, kwargs)
+    elif trained:  # training on CPU: the bias per block, recomputed in backward (posswap_blocked_grad.py)
+        out = blocked_training(module, query, key, value, attention_mask, scaling, dropout, kwargs)
     else:
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
     return out[..., :head_dim].transpose(1, 2).contiguous(), None
@@ -321,6 +326,25 @@ def blocked_attention(module, query, key, value, attention_mask, scaling: float,
         return merge_mask(module, provider.bias(q_pos, k_pos).to(query.dtype), mask, q_len, k_len, first_row)
 
     return general_sdpa(query, key, value, attention_mask, positions, combine, causal, scaling)
+
+
+def blocked_training(module, query, key, value, attention_mask, scaling: float, dropout: float, kwargs: dict):
+    """Attention with gradients, the bias gathered per block from a distance table (``posswap_blocked_grad.py``),
+    (batch, heads, q, head_dim). The table (with its graph to the provider's parameters) is made once per forward;
+    the dropout's seed is drawn per layer from torch's RNG (a checkpointed layer run again draws it again)."""
+    provider: BiasProvider = module.posswap_bias
+    q_len, k_len = query.shape[2], key.shape[2]
+    causal = module.is_causal and q_len > 1
+    positions = call_positions(module, q_len, k_len, query.device, kwargs)
+    key_ = (attention_mask, kwargs.get("position_ids"), q_len, k_len, query.dtype, scaling, dropout)
+    table, plan = shared(
+        kwargs,
+        (provider, "training plan"),
+        key_,
+        lambda: make_plan(provider, positions, attention_mask, causal, scaling, query.dtype, dropout),
+    )
+    seed = int(torch.randint(2**62, (1,))) if dropout > 0 else 0
+    return BlockedBiasAttention.apply(query, key, value, table, plan, seed)
 
 
 def bias_eager_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):

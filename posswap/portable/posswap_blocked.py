@@ -16,8 +16,8 @@ tensors are on the CPU, ``posswap_attention.blocked_attention`` replaces it, wit
   blocks, each block's (b|1, heads, rows, k) bias built from positions with its mask slice, rows chosen so
   that one block holds at most ``BLOCK_BYTES``.
 
-Both give the dense path's output up to fp32 rounding (the kernel sums keys in another order). Training keeps
-the dense path (gradients unchanged). On a GPU the dense path stays too: CUDA's memory-efficient SDPA reads a
+Both give the dense path's output up to fp32 rounding (the kernel sums keys in another order). Training has its
+own blocked path (``posswap_blocked_grad.py``: the scores recomputed in backward). On a GPU the dense path stays too: CUDA's memory-efficient SDPA reads a
 float mask at memory bandwidth, and ``backend="flex"`` (score_mod compiled to one Triton kernel, the bias made
 in registers) is what a GPU wants for long inputs; the loop of SDPA calls here suits CPU's flash kernel, whose
 cost is per score and which honours mask strides.
