@@ -188,6 +188,16 @@ WITHOUT_POSSWAP = textwrap.dedent("""
 """)
 
 
+def save_tiny_gpt2(folder: Path, positions: int = 32) -> None:
+    """A one-layer GPT-2 (16 wide, seeded) of ``positions`` positions, with the GPT-2 tokenizer, saved in ``folder``:
+    the smallest real checkpoint the CLI tests patch."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(GPT2_TOKENIZER_DIR)
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=len(tokenizer), n_positions=positions)
+    transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
 def run_without_posswap(script: str, *args: str, modules: Path | None = None, env: dict | None = None) -> str:
     """``script`` (after WITHOUT_POSSWAP) in a fresh interpreter where posswap cannot be imported, offline; its
     stdout. ``modules``: transformers' cache of remote code, kept beside the test's folders, not in the user's."""

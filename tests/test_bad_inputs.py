@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from conftest import save_tiny_gpt2
 
 import posswap
 from posswap.cli import main
-from posswap.data import GPT2_TOKENIZER_DIR
 from posswap.files import RETIRED, STAGING, remove_model_folder
 from posswap.loading import save_model_and_tokenizer
 
@@ -28,11 +28,7 @@ from posswap.loading import save_model_and_tokenizer
 def models(tmp_path_factory) -> Path:
     """A tiny GPT-2 with the GPT-2 tokenizer (``gpt2``) and a tiny BERT (``bert``, position buffers)."""
     root = tmp_path_factory.mktemp("models")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(GPT2_TOKENIZER_DIR)
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=len(tokenizer), n_positions=32)
-    transformers.GPT2LMHeadModel(config).save_pretrained(root / "gpt2")
-    tokenizer.save_pretrained(root / "gpt2")
+    save_tiny_gpt2(root / "gpt2")
     bert = transformers.BertConfig(
         vocab_size=99,
         hidden_size=16,

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import tomllib
 import transformers
+from conftest import save_tiny_gpt2
 from test_bad_inputs import assert_one_line_error, tree
 
 import posswap
 from posswap.cli import build_parser, main
-from posswap.data import GPT2_TOKENIZER_DIR
 from posswap.registry import METHODS
 
 ROOT = Path(__file__).parents[1]
@@ -30,10 +30,7 @@ def models(tmp_path_factory) -> Path:
     """A tiny GPT-2 (32 positions) with the GPT-2 tokenizer, and a tiny RoBERTa whose table has 34 rows (the padding
     id's 2 rows before the first position: it reads 32)."""
     root = tmp_path_factory.mktemp("models")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(GPT2_TOKENIZER_DIR)
-    gpt2 = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=len(tokenizer), n_positions=LENGTH)
-    transformers.GPT2LMHeadModel(gpt2).save_pretrained(root / "gpt2")
-    tokenizer.save_pretrained(root / "gpt2")
+    save_tiny_gpt2(root / "gpt2", LENGTH)
     roberta = transformers.RobertaConfig(
         vocab_size=99,
         hidden_size=16,

@@ -9,7 +9,7 @@ import inspect
 import torch
 from torch import nn
 
-from .posswap_hooks import passed_cache
+from .posswap_hooks import call_arguments, passed_cache
 
 
 class LengthGuard:
@@ -20,7 +20,7 @@ class LengthGuard:
         self.offset = offset
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        bound = self.signature.bind_partial(module, *args, **kwargs).arguments
+        bound = call_arguments(self.signature, module, args, kwargs)
         rows = module.config.max_position_embeddings
         position_ids = bound.get("position_ids")
         tokens = bound.get("input_ids")
@@ -34,7 +34,7 @@ class LengthGuard:
             return
         if tokens is None:
             return  # the model itself reports the missing input
-        cache = passed_cache({**bound.get("kwargs", {}), **bound})  # by name, or in **kwargs
+        cache = passed_cache(bound)  # by name, or in **kwargs
         length = tokens.shape[1] + (cache.get_seq_length() if cache is not None else 0)
         if length + self.offset > rows:
             self._fail(module, length)

@@ -20,6 +20,14 @@ def passed_cache(kwargs: dict):
     return next((kwargs[name] for name in CACHE_KWARGS if kwargs.get(name) is not None), None)
 
 
+def call_arguments(signature, module: nn.Module, args: tuple, kwargs: dict) -> dict:
+    """A forward call's arguments by name (those of ``**kwargs`` merged in), without ``self``: what a forward
+    pre-hook reads, whichever way the caller passed them."""
+    bound = signature.bind_partial(module, *args, **kwargs).arguments
+    extra = bound.pop("kwargs", {})
+    return {name: value for name, value in bound.items() if name != "self"} | extra
+
+
 def find_hooks(module: nn.Module, kind: type) -> list:
     return [h for name in _HOOK_DICTS for h in getattr(module, name).values() if isinstance(h, kind)]
 

@@ -16,7 +16,7 @@ import inspect
 import torch
 from torch import nn
 
-from .posswap_hooks import find_hooks, passed_cache
+from .posswap_hooks import call_arguments, find_hooks, passed_cache
 
 
 def short_input_position_ids(
@@ -68,9 +68,7 @@ class ShortInputPositions:
         return short_input_position_ids(tokens, mask, block, self.offset, rows, pad)
 
     def __call__(self, base: nn.Module, args: tuple, kwargs: dict):
-        bound = self.signature.bind_partial(base, *args, **kwargs).arguments
-        extra = bound.pop("kwargs", {})
-        features = {name: value for name, value in bound.items() if name != "self"} | extra
+        features = call_arguments(self.signature, base, args, kwargs)
         ids = self.position_ids(base, features)
         if ids is None:
             return None
