@@ -1,72 +1,106 @@
-"""``posswap demo``: the embedded default job. Patch the real all-MiniLM-L6-v2 (BERT, 512 positions) with
-each interpolate mode and show, on held-out Austen text, that it now reads ``max_length`` tokens, that
-``copy`` leaves 512-token outputs as they were, and what the patch costs in speed."""
+"""``posswap demo``: the README's first command, on the real all-MiniLM-L6-v2 (a sentence-transformers model with
+512 learned positions, which it reads 256 at a time). Patch it to read 2048 tokens with the shipped embedding
+recipe's placement, train it briefly with that recipe, and score passkey (or needle) retrieval against what a user
+with a vector database does today: truncate, or cut each document into chunks the stock model reads."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
+from pathlib import Path
 
-import torch
-from transformers import AutoConfig, AutoModel, AutoTokenizer
+from transformers.utils import logging as transformers_logging
 
-from .data import read_document
-from .loading import minilm_path
-from .methods.interpolate import InterpolateConfig
+from .evaluation.retrieval import DEFAULT_LENGTHS, RetrievalResults, evaluate_retrieval, load_embedding_model
 from .patching import patch
-from .portable.posswap_functional import RESAMPLE_MODES
+from .training.loop import train
+from .training.recipe import load_recipe
+
+DEMO_RECIPE = "minilm-embed-2k"  # the shipped recipe the demo shortens: posswap train minilm-embed-2k is the full run
+BASELINES = ["chunk-mean", "chunk-max", "late-chunk-max"]
 
 
-def _seconds(model, ids: torch.Tensor, repeats: int = 3) -> float:
-    """Best of ``repeats`` timed forwards after one warm-up (the first call pays for allocation)."""
-    model(input_ids=ids)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        model(input_ids=ids)
-        best = min(best, time.perf_counter() - start)
-    return best
+def demo_recipe(steps: int, output_dir: Path):
+    """The shipped recipe cut to ``steps`` optimizer steps (same batch, so 8 pairs a step), writing to ``output_dir``."""
+    batch = load_recipe(DEMO_RECIPE)[0].train.batch_size
+    overrides = {"train.max_steps": steps, "train.output_dir": str(output_dir), "embedding.pairs": steps * batch}
+    return load_recipe(DEMO_RECIPE, [f"{key}={value}" for key, value in overrides.items()])
 
 
-@torch.inference_mode()
-def run_demo(max_length: int = 2048) -> None:
-    path = minilm_path()
-    original = AutoConfig.from_pretrained(path).max_position_embeddings
-    if max_length < original:
-        raise ValueError(
-            f"--max-length {max_length} is below MiniLM's own {original} tokens: the demo shows it reading further; "
-            f"give --max-length {original} or more."
-        )
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    stock = AutoModel.from_pretrained(path).eval()
-    text = read_document("persuasion")
-    ids = tokenizer(text[: max_length * 8], add_special_tokens=False, return_tensors="pt", verbose=False).input_ids[
-        :, :max_length
-    ]
-    if ids.shape[1] < max_length:
-        raise ValueError(f"The demo text has only {ids.shape[1]} tokens; choose --max-length <= {ids.shape[1]}.")
-    short = ids[:, :original]
-    stock_short = stock(input_ids=short).last_hidden_state
+def trained_model(steps: int, run_dir: Path, overwrite: bool) -> Path:
+    """Train the shortened recipe into ``run_dir``, or reuse the model a run of the same recipe left there."""
+    recipe, raw = demo_recipe(steps, run_dir)
+    model_dir = run_dir / "model"
+    if _same_recipe(run_dir, recipe) and (model_dir / "modules.json").is_file() and not overwrite:
+        print(f"Reusing the model trained earlier with the same recipe: {model_dir} (--overwrite trains again).")
+        return model_dir
+    print(f"Training the patched model for {steps} steps of {recipe.train.batch_size} pairs ({DEMO_RECIPE}, shortened).")
+    start = time.perf_counter()
+    trained = train(recipe, raw, overwrite=overwrite or model_dir.exists())
+    print(f"Trained in {time.perf_counter() - start:.0f} s.")
+    return trained
+
+
+def _same_recipe(run_dir: Path, recipe) -> bool:
+    saved = run_dir / "recipe.json"
     try:
-        stock(input_ids=ids)
-        stock_reads = "yes"
-    except (IndexError, RuntimeError) as error:  # what stock BERT raises past its table
-        stock_reads = f"no ({type(error).__name__}: {str(error).splitlines()[0][:70]}...)"
-    stock_time = _seconds(stock, short)
+        return json.loads(saved.read_text()) == json.loads(json.dumps(recipe.to_dict()))
+    except (OSError, ValueError):
+        return False
 
-    print(f"all-MiniLM-L6-v2: {original} positions. Reads {max_length} tokens unpatched? {stock_reads}")
-    print(
-        f"{'mode':<8}{'reads ' + str(max_length):>12}{'max |diff| @' + str(original):>18}{'time @' + str(original) + ' vs stock':>22}{'time @' + str(max_length):>14}"
+
+def run_demo(
+    steps: int = 12,
+    documents: int = 30,
+    task: str = "passkey",
+    output_dir: str | Path = "out/demo",
+    overwrite: bool = False,
+) -> RetrievalResults:
+    """Patch, train, score; print one table and write ``output_dir/results/retrieval.json`` and its plot.
+    ``steps=0`` scores the patched model untrained only."""
+    if steps < 0 or documents < 2:
+        raise ValueError(f"--steps must be >= 0 and --documents >= 2; got {steps} and {documents}.")
+    output_dir = Path(output_dir)
+    recipe, _ = demo_recipe(max(steps, 1), output_dir / "train")  # checks the recipe before any work
+    with quiet_loading():
+        stock = load_embedding_model(recipe.model)
+        untrained = load_embedding_model(recipe.model)
+        patch(untrained, recipe.posswap)
+        models = {"stock": stock, "patched": untrained}
+        if steps:
+            models["trained"] = load_embedding_model(str(trained_model(steps, output_dir / "train", overwrite)))
+    print(f"Scoring {task} retrieval: {documents} documents per length, each model and baseline.")
+    results = evaluate_retrieval(models, task, list(DEFAULT_LENGTHS), documents, baselines=BASELINES)
+    results.save(output_dir / "results")
+    print(results.table())
+    print(verdict(results, "trained" if steps else "patched"))
+    print(f"Wrote {output_dir / 'results' / 'retrieval.json'} and retrieval.png. The full recipe: posswap train {DEMO_RECIPE}.")
+    return results
+
+
+@contextlib.contextmanager
+def quiet_loading():
+    """No transformers progress bar per weight load or shard write (five loads of a 90 MB model: noise, not news)."""
+    was_enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            transformers_logging.enable_progress_bar()
+
+
+def verdict(results: RetrievalResults, name: str) -> str:
+    """One line at the longest length: the one patched vector against the stock model's chunks."""
+    length, chunk = results.lengths[-1], results.models["stock"].limit
+    chunk_max = f"stock chunk-max@{chunk}"
+    chunks = -(-length // chunk)
+
+    def at(column: str) -> float:
+        return results.models[column].accuracy[-1]
+
+    return (
+        f"At {length} tokens: one {name} vector finds {at(name):.2f}, the stock model {at('stock'):.2f} "
+        f"(it truncates), and {at(chunk_max):.2f} keeping {chunks} chunk vectors per document ({chunk_max})."
     )
-    for mode in RESAMPLE_MODES:
-        model = AutoModel.from_pretrained(path).eval()
-        patch(model, InterpolateConfig(max_length=max_length, mode=mode), tokenizer=tokenizer)
-        long_out = model(input_ids=ids).last_hidden_state
-        diff = (model(input_ids=short).last_hidden_state - stock_short).abs().max().item()
-        ratio = _seconds(model, short) / stock_time
-        print(
-            f"{mode:<8}{'yes' if torch.isfinite(long_out).all() else 'NaN':>12}{diff:>18.2e}"
-            f"{ratio:>21.2f}x{_seconds(model, ids, repeats=1):>13.2f}s"
-        )
-    print(f"tokenizer.model_max_length is now {tokenizer.model_max_length}.")
-    print("copy keeps every old position vector (diff 0); linear/cubic spread the old table over the new length,")
-    print("so 512-token outputs move until the model is trained further at the new length (posswap train).")

@@ -84,7 +84,7 @@ def test_no_parser_takes_abbreviations():
         (["eval", "{gpt2}", "--len", "abc", "--out", "{out}"], "--len"),
         (["train", "no-such-recipe", "--over"], "--over"),
         (["study", "--prese", "no-such-preset"], "--prese"),
-        (["--deb", "demo", "--max-length", "1"], "--deb"),
+        (["--deb", "demo", "--steps", "1"], "--deb"),
     ],
 )
 def test_an_abbreviated_flag_is_unknown(models, tmp_path, capsys, argv, flag):
@@ -148,10 +148,11 @@ def test_a_sentence_transformers_folder_is_measured_by_its_transformer(minilm_pa
     assert not out.exists()
 
 
-def test_demo_refuses_a_length_below_minilm(minilm_path, capsys):
-    own = json.loads((Path(minilm_path) / "config.json").read_text())["max_position_embeddings"]
-    code = main(["demo", "--max-length", str(own - 1)])
-    assert_one_line_error(code, capsys.readouterr().err.strip(), f"below MiniLM's own {own} tokens")
+@pytest.mark.parametrize("flag, value", [("--steps", "-1"), ("--documents", "1")])
+def test_demo_refuses_bad_counts_before_any_work(flag, value, tmp_path, capsys):
+    code = main(["demo", flag, value, "--out", str(tmp_path / "demo")])
+    assert_one_line_error(code, capsys.readouterr().err.strip(), flag)
+    assert not (tmp_path / "demo").exists()
 
 
 # -- a model name found nowhere ----------------------------------------------------------------------------
