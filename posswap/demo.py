@@ -7,12 +7,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from pathlib import Path
 
 from transformers.utils import logging as transformers_logging
 
-from .evaluation.retrieval import DEFAULT_LENGTHS, RetrievalResults, evaluate_retrieval, load_embedding_model
+from .evaluation.retrieval import (
+    DEFAULT_LENGTHS,
+    RetrievalResults,
+    check_retrieval_inputs,
+    evaluate_retrieval,
+    load_embedding_model,
+)
 from .patching import patch
 from .training.loop import train
 from .training.recipe import load_recipe
@@ -28,17 +35,21 @@ def demo_recipe(steps: int, output_dir: Path):
     return load_recipe(DEMO_RECIPE, [f"{key}={value}" for key, value in overrides.items()])
 
 
-def trained_model(steps: int, run_dir: Path, overwrite: bool) -> Path:
+def trained_model(steps: int, run_dir: Path, overwrite: bool, timings: dict) -> Path:
     """Train the shortened recipe into ``run_dir``, or reuse the model a run of the same recipe left there."""
     recipe, raw = demo_recipe(steps, run_dir)
     model_dir = run_dir / "model"
     if _same_recipe(run_dir, recipe) and (model_dir / "modules.json").is_file() and not overwrite:
         print(f"Reusing the model trained earlier with the same recipe: {model_dir} (--overwrite trains again).")
         return model_dir
-    print(f"Training the patched model for {steps} steps of {recipe.train.batch_size} pairs ({DEMO_RECIPE}, shortened).")
+    print(
+        f"Training the patched model for {steps} steps of {recipe.train.batch_size} pairs ({DEMO_RECIPE}, shortened)."
+    )
     start = time.perf_counter()
-    trained = train(recipe, raw, overwrite=overwrite or model_dir.exists())
-    print(f"Trained in {time.perf_counter() - start:.0f} s.")
+    ours = (run_dir / "recipe.json").is_file()  # an earlier demo's run folder: its model may be replaced
+    trained = train(recipe, raw, overwrite=overwrite or ours)
+    timings["train_seconds"] = round(time.perf_counter() - start, 1)
+    print(f"Trained in {timings['train_seconds']:.0f} s.")
     return trained
 
 
@@ -59,9 +70,11 @@ def run_demo(
 ) -> RetrievalResults:
     """Patch, train, score; print one table and write ``output_dir/results/retrieval.json`` and its plot.
     ``steps=0`` scores the patched model untrained only."""
-    if steps < 0 or documents < 2:
-        raise ValueError(f"--steps must be >= 0 and --documents >= 2; got {steps} and {documents}.")
-    output_dir = Path(output_dir)
+    if steps < 0:
+        raise ValueError(f"--steps must be >= 0 (0: the patched model untrained only); got {steps}.")
+    check_retrieval_inputs(task, DEFAULT_LENGTHS, documents, 8, None)  # --documents, --task: before any work
+    output_dir, start = Path(output_dir), time.perf_counter()
+    run = {"steps": steps, "documents": documents, "task": task, "train_seconds": None, "load_before": _load()}
     recipe, _ = demo_recipe(max(steps, 1), output_dir / "train")  # checks the recipe before any work
     with quiet_loading():
         stock = load_embedding_model(recipe.model)
@@ -69,14 +82,23 @@ def run_demo(
         patch(untrained, recipe.posswap)
         models = {"stock": stock, "patched": untrained}
         if steps:
-            models["trained"] = load_embedding_model(str(trained_model(steps, output_dir / "train", overwrite)))
+            models["trained"] = load_embedding_model(str(trained_model(steps, output_dir / "train", overwrite, run)))
     print(f"Scoring {task} retrieval: {documents} documents per length, each model and baseline.")
     results = evaluate_retrieval(models, task, list(DEFAULT_LENGTHS), documents, baselines=BASELINES)
     results.save(output_dir / "results")
+    run |= {"wall_seconds": round(time.perf_counter() - start, 1), "load_after": _load(), "cpus": os.cpu_count()}
+    (output_dir / "results" / "demo.json").write_text(json.dumps(run, indent=1) + "\n")
     print(results.table())
     print(verdict(results, "trained" if steps else "patched"))
-    print(f"Wrote {output_dir / 'results' / 'retrieval.json'} and retrieval.png. The full recipe: posswap train {DEMO_RECIPE}.")
+    print(
+        f"Wrote {output_dir / 'results'}: retrieval.json, retrieval.png, demo.json (timings). The full recipe: posswap train {DEMO_RECIPE}."
+    )
     return results
+
+
+def _load() -> list[float] | None:
+    """The 1-, 5- and 15-minute load averages: a timing on a busy machine says so."""
+    return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
 
 
 @contextlib.contextmanager

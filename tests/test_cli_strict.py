@@ -148,10 +148,10 @@ def test_a_sentence_transformers_folder_is_measured_by_its_transformer(minilm_pa
     assert not out.exists()
 
 
-@pytest.mark.parametrize("flag, value", [("--steps", "-1"), ("--documents", "1")])
-def test_demo_refuses_bad_counts_before_any_work(flag, value, tmp_path, capsys):
+@pytest.mark.parametrize("flag, value, says", [("--steps", "-1", "--steps"), ("--documents", "1", "documents must")])
+def test_demo_refuses_bad_counts_before_any_work(flag, value, says, tmp_path, capsys):
     code = main(["demo", flag, value, "--out", str(tmp_path / "demo")])
-    assert_one_line_error(code, capsys.readouterr().err.strip(), flag)
+    assert_one_line_error(code, capsys.readouterr().err.strip(), says)
     assert not (tmp_path / "demo").exists()
 
 

@@ -23,7 +23,13 @@ from conftest import (
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import posswap
-from posswap.portable.posswap_functional import apply_rotary, rope_frequencies, rotary_cos_sin
+from posswap.portable.posswap_functional import (
+    apply_rotary,
+    rope_frequencies,
+    rotary_cos_sin,
+    rotate_in_place,
+    signed_sin,
+)
 
 NEW_LENGTH = 4 * OLD_LENGTH
 
@@ -63,6 +69,29 @@ def test_rotation_preserves_norms_and_leaves_other_dims():
     assert torch.equal(y[..., 8:], x[..., 8:])
     assert not torch.allclose(y[:, 1:, :, :8], x[:, 1:, :, :8])
     torch.testing.assert_close(y[:, 0], x[:, 0])  # position 0 is not rotated
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rotary_dim", [16, 8])
+def test_rotation_in_place_equals_llamas_rotation_with_its_gradients(rotary_dim, dtype):
+    """The run time rotates a q/k projection's output in place (no temporaries per chunk): values and gradients
+    equal transformers' Llama rotation (apply_rotary: rotate_half) on a copy."""
+    inv_freq, _ = rope_frequencies(16, rotary_dim, 10000.0, None, 1.0, 512)
+    cos, sin = rotary_cos_sin(inv_freq, torch.arange(10)[None])
+    weight = torch.randn(2 * 4 * 16, 8, requires_grad=True)
+    inputs = torch.randn(3, 10, 8)
+
+    def projected():  # a fused q|k projection, as GPT-2's c_attn: (batch, length, 2 chunks, heads, head_dim)
+        return torch.nn.functional.linear(inputs, weight).to(dtype).view(3, 10, 2, 4, 16)
+
+    expected = torch.stack([apply_rotary(projected()[:, :, i], cos, sin) for i in range(2)], dim=2)
+    (expected.float() * torch.linspace(-1, 1, 16)).sum().backward()
+    grad, weight.grad = weight.grad, None
+    got = rotate_in_place(projected(), cos, signed_sin(sin))
+    (got.float() * torch.linspace(-1, 1, 16)).sum().backward()
+    torch.testing.assert_close(got, expected)
+    loose = {} if dtype == torch.float32 else {"rtol": 0.02, "atol": 0.05}  # bf16 gradients, rounded in another order
+    torch.testing.assert_close(weight.grad, grad, **loose)
 
 
 @pytest.mark.parametrize("scaling", [None, "linear", "dynamic", "yarn"])

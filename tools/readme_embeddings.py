@@ -5,7 +5,7 @@
     python tools/readme_embeddings.py --check README.md docs/embeddings.md   # exit 1 when a block differs
 
 A generated block sits between ``<!-- posswap:embeddings-NAME -->`` and ``<!-- /posswap:embeddings-NAME -->``
-(NAME: ``passkey``, ``needle``, ``speed``, ``passkey-chunking`` and ``needle-chunking`` (chunk baselines and late
+(NAME: ``passkey``, ``needle``, ``speed``, ``demo`` (the committed ``posswap demo`` run, ``results/demo/``), ``passkey-chunking`` and ``needle-chunking`` (chunk baselines and late
 chunks), ``chunking-verdict`` (both tasks' verdict lines), and ``passkey-summary``: the passkey table with the
 verdict on the recipe's runs only, for the README); ``--write`` replaces what is between them and nothing else.
 
@@ -308,6 +308,23 @@ def verdict_block(root: Path) -> list[str]:
     return [f"- {chunking_block(root, task)[-1]}" for task in ("passkey", "needle")]
 
 
+def demo_block(root: Path) -> list[str]:
+    """The committed ``posswap demo`` run (``results/demo/``: its retrieval.json and demo.json): the table it
+    printed, and what it took."""
+    results = load(root)
+    run = json.loads((root / "demo.json").read_text())
+    load_average = "/".join(f"{x:.2f}" for x in run["load_before"]) if run.get("load_before") else "not recorded"
+    trained = f"{run['train_seconds']:.0f} s of it training" if run.get("train_seconds") else "no training"
+    return [
+        *table(results),
+        "",
+        caption(results),
+        "",
+        f"`posswap demo` ({run['steps']} steps, {run['documents']} documents per length): {run['wall_seconds'] / 60:.1f} "
+        f"minutes on {run['cpus']} cores, {trained} (load average before the run {load_average}; `results/demo/`).",
+    ]
+
+
 def blocks(results: Path, speed: Path) -> dict[str, list[str]]:
     chunking = {
         f"{task}-chunking": chunking_block(results, task)
@@ -322,6 +339,7 @@ def blocks(results: Path, speed: Path) -> dict[str, list[str]]:
         "passkey-summary": retrieval_block(results, "passkey", summary=True),
         "needle": retrieval_block(results, "needle"),
         "speed": speed_block(speed),
+        **({"demo": demo_block(results.parent / "demo")} if (results.parent / "demo" / "demo.json").is_file() else {}),
     }
 
 

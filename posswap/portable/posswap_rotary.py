@@ -24,7 +24,7 @@ import threading
 import torch
 from torch import nn
 
-from .posswap_functional import apply_rotary, rope_frequencies, rotary_cos_sin
+from .posswap_functional import rope_frequencies, rotary_cos_sin, rotate_in_place, signed_sin
 from .posswap_hooks import find_hooks, passed_cache, remove_hooks
 from .posswap_state import install_call_state, shared
 
@@ -97,23 +97,22 @@ class Rotary(nn.Module):
 
 
 class RotateProjection:
-    """Forward hook on a q/k projection: rotates the query/key chunks of its output with the cos/sin that
-    :class:`PrepareRotation` handed over for the attention call running in this thread. A projection called
+    """Forward hook on a q/k projection: rotates the query/key chunks of its output, in place, with the cos/sin
+    that :class:`PrepareRotation` handed over for the attention call running in this thread. A projection called
     outside its attention module (no positions) is left as it is."""
 
     def __init__(self, chunks: tuple[int, ...], width: int, head_dim: int):
+        if list(chunks) != list(range(chunks[0], chunks[0] + len(chunks))):
+            raise ValueError(f"q/k chunks {chunks} must be consecutive: they are rotated as one block.")
         self.chunks, self.width, self.head_dim = chunks, width, head_dim
 
-    def __call__(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor | None:
+    def __call__(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
         cos_sin = _handoff().get(module)
         if cos_sin is None:
-            return None
-        cos, sin = cos_sin
-        pieces = list(output.split(self.width, dim=-1))
-        for i in self.chunks:
-            x = pieces[i]
-            pieces[i] = apply_rotary(x.view(*x.shape[:-1], -1, self.head_dim), cos, sin).view(x.shape)
-        return torch.cat(pieces, dim=-1) if len(pieces) > 1 else pieces[0]
+            return
+        start, count = self.chunks[0] * self.width, len(self.chunks)
+        block = output[..., start : start + count * self.width]  # q and k of GPT-2's fused c_attn: one block
+        rotate_in_place(block.view(*output.shape[:-1], count, -1, self.head_dim), *cos_sin)
 
 
 class PrepareRotation:
@@ -138,16 +137,21 @@ class PrepareRotation:
                 kwargs,
                 self.rotary,
                 key,
-                lambda: self.rotary.cos_sin(torch.arange(past, past + hidden.shape[1], device=hidden.device)[None]),
+                lambda: self.signed(torch.arange(past, past + hidden.shape[1], device=hidden.device)[None]),
             )
         else:
-            cos_sin = shared(kwargs, self.rotary, (positions,), lambda: self.rotary.cos_sin(positions))
+            cos_sin = shared(kwargs, self.rotary, (positions,), lambda: self.signed(positions))
         table = _handoff()
         for name, chunks in self.projections:
             projection = getattr(attention, name)
             if not find_hooks(projection, RotateProjection):
                 self.hook(projection, chunks)
             table[projection] = cos_sin
+
+    def signed(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and the signed sin of ``positions`` (once per forward: every layer rotates with them)."""
+        cos, sin = self.rotary.cos_sin(positions)
+        return cos, signed_sin(sin)
 
     def hook(self, projection: nn.Module, chunks: tuple[int, ...]) -> None:
         with _HOOKING:
