@@ -21,6 +21,17 @@ def first_layer_qk(sites: Sites) -> tuple[torch.Tensor, torch.Tensor]:
     return w_q, w_k
 
 
+def first_layer_qk_biases(sites: Sites) -> tuple[torch.Tensor, torch.Tensor]:
+    """b_Q and b_K of the first self-attention, (hidden,) views of the parameters (write under no_grad)."""
+    attention, hidden = sites.self_attentions()[0], sites.config.hidden_size
+    biases = []
+    for name, chunks in sites.arch.qk_projections:
+        bias = getattr(attention, name).bias
+        biases += [bias.data[c * hidden : (c + 1) * hidden] for c in chunks]
+    b_q, b_k = biases
+    return b_q, b_k
+
+
 def embedding_projection(sites: Sites) -> nn.Linear | None:
     """The map from the embeddings to the first layer's width, where the model has one (ELECTRA whose
     embedding size differs from its hidden size)."""

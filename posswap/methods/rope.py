@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 from ..absolute import ABSOLUTE_CHOICES, check_absolute, keep_table, planned_table_weight
@@ -16,8 +17,11 @@ from ..config import PositionConfig, check_choice, check_number
 from ..portable.posswap_architectures import Sites
 from ..portable.posswap_rotary import resolve_rotary_dim
 from ..registry import register_method
+from .rope_fit import fit_rotary_biases
+from .table_logits import original_rows
 
 ROPE_TYPES = (None, "linear", "dynamic", "yarn")  # transformers' rope_type names
+INITS = (None, "fit")
 
 
 @dataclass
@@ -43,6 +47,13 @@ class RopeConfig(PositionConfig):
     backend: str | None = field(
         default=None, metadata={"help": "Attention kernel: sdpa, flex or eager; default: as loaded."}
     )
+    init: str | None = field(
+        default=None,
+        metadata={
+            "help": "fit: first-layer q/k biases whose rotation rebuilds the dropped table's position-position "
+            "logits per distance (absolute=drop only); default: the weights as they are."
+        },
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -64,6 +75,12 @@ class RopeConfig(PositionConfig):
             check_number("factor", self.factor, minimum=1)
         check_choice("absolute", self.absolute, ABSOLUTE_CHOICES)
         validate_backend(self.backend)
+        check_choice("init", self.init, INITS)
+        if self.init == "fit" and self.absolute == "keep":
+            raise ValueError(
+                "init='fit' rebuilds what the dropped table did; with absolute='keep' the table still does it. "
+                "Use absolute='drop' with init='fit', or leave init unset."
+            )
 
 
 def check(model: nn.Module, sites: Sites, config: RopeConfig) -> None:
@@ -71,13 +88,31 @@ def check(model: nn.Module, sites: Sites, config: RopeConfig) -> None:
     check_backend(model, config.backend)
     head_dim = model.config.hidden_size // model.config.num_attention_heads
     resolve_rotary_dim(config.rotary_dim, head_dim)
+    if config.init == "fit" and sites.table is None:
+        raise ValueError(
+            "init='fit' fits the rotation to the learned position table, but this model has none left. Leave init unset."
+        )
 
 
-def apply(model: nn.Module, sites: Sites, config: RopeConfig) -> None:
+def apply(model: nn.Module, sites: Sites, config: RopeConfig) -> torch.Tensor | None:
     """The weight change only (a kept table grows by copy); posswap.patch then installs the rotation
-    (``portable/posswap_rotary.py``), as a saved model's own class does when it is built."""
+    (``portable/posswap_rotary.py``), as a saved model's own class does when it is built. Returns the original
+    table rows for ``init="fit"``."""
+    rows = original_rows(model, sites) if config.init == "fit" else None
     keep_table(sites, planned_table_weight(sites, config.absolute, config.max_length))
+    return rows
+
+
+def initialize(model: nn.Module, sites: Sites, config: RopeConfig, rows: torch.Tensor | None) -> None:
+    if rows is not None:
+        fit_rotary_biases(model, sites, rows)
 
 
 # rope-yarn: YaRN stretched by the study's extension (4x).
-register_method(RopeConfig, check, apply, variants={"rope": {}, "rope-yarn": {"rope_type": "yarn"}})
+register_method(
+    RopeConfig,
+    check,
+    apply,
+    initialize,
+    variants={"rope": {}, "rope-yarn": {"rope_type": "yarn"}},
+)

@@ -21,12 +21,12 @@ import torch
 from torch import nn
 
 from ..absolute import ABSOLUTE_CHOICES, check_absolute, keep_table, planned_table_weight
-from ..architectures import embedding_projection, first_layer_qk
 from ..backends import check_bias_backend, resolve_bias_backend, validate_backend
 from ..config import PositionConfig, check_bool, check_choice, check_number
 from ..portable.posswap_architectures import Sites
 from ..portable.posswap_t5 import t5_buckets
 from ..registry import register_method
+from .table_logits import first_layer_position_scores, original_rows
 
 INITS = ("zeros", "fit")
 
@@ -88,11 +88,7 @@ def check(model: nn.Module, sites: Sites, config: T5BiasConfig) -> None:
 def apply(model: nn.Module, sites: Sites, config: T5BiasConfig) -> torch.Tensor | None:
     """A kept table grows by copy; returns the original table rows for ``init="fit"`` (the run time drops the
     table right after this)."""
-    rows = None
-    if config.init == "fit":
-        previous = getattr(model.config, "posswap", None) or {}
-        length = previous.get("original_length", sites.max_length)
-        rows = sites.table.weight.detach()[sites.offset : sites.offset + length].clone()
+    rows = original_rows(model, sites) if config.init == "fit" else None
     keep_table(sites, planned_table_weight(sites, config.absolute, config.max_length))
     config.backend = resolve_bias_backend(model, config.backend)  # recorded, so a loaded model runs the same kernel
     return rows
@@ -108,35 +104,10 @@ def initialize(model: nn.Module, sites: Sites, config: T5BiasConfig, rows: torch
             provider.relative_attention_bias.weight.copy_(values)  # every layer starts the same, shared or not
 
 
-def position_inputs(model: nn.Module, sites: Sites, rows: torch.Tensor) -> torch.Tensor:
-    """The table rows as the first layer's q/k projections see them (linear part only; see the module docstring)."""
-    norm = sites.base.get_submodule(sites.arch.first_norm)
-    content = model.get_input_embeddings().weight.detach().double()
-    token_type = getattr(sites.owner, "token_type_embeddings", None)
-    if token_type is not None:  # BERT family: every token also carries token type 0
-        content = content + token_type.weight.detach()[0].double()
-    p = rows.double()
-
-    def centred(x):
-        return x - x.mean(-1, keepdim=True)
-
-    # Mean over (token, position) of the variance of token + position, expanded so that no (V, L, D) tensor is built.
-    cross = (centred(content.mean(0)) * centred(p.mean(0))).mean()
-    variance = centred(content).pow(2).mean() + centred(p).pow(2).mean() + 2 * cross
-    x = centred(p) / torch.sqrt(variance + norm.eps) * norm.weight.detach().double()
-    projection = embedding_projection(sites)
-    return x @ projection.weight.detach().double().T if projection is not None else x
-
-
 def fitted_biases(model: nn.Module, sites: Sites, rows: torch.Tensor, config: T5BiasConfig) -> torch.Tensor:
     """(num_buckets, heads): per head, the mean first-layer position-position logit of each bucket's pairs."""
-    attention, heads = sites.self_attentions()[0], model.config.num_attention_heads
-    w_q, w_k = (w.double() for w in first_layer_qk(sites))
-    x = position_inputs(model, sites, rows)
-    length = x.shape[0]
-    q, k = ((x @ w).view(length, heads, -1).transpose(0, 1) for w in (w_q, w_k))  # (heads, L, head_dim)
-    scaling = getattr(attention, "scaling", q.shape[-1] ** -0.5)
-    scores = q @ k.transpose(-1, -2) * scaling  # (heads, L, L)
+    scores, _ = first_layer_position_scores(model, sites, rows)
+    length = scores.shape[-1]
     positions = torch.arange(length)
     buckets = t5_buckets(
         positions[None, :] - positions[:, None], not sites.arch.causal, config.num_buckets, config.max_distance

@@ -102,6 +102,7 @@ _KEYS: dict[str, dict[str, tuple[bool, Callable]]] = {
         "factor": (False, _number(minimum=1, optional=True)),
         "absolute": (False, _choice(*_ABSOLUTE)),
         "backend": (False, _choice(*_BACKENDS)),
+        "init": (False, _choice(None, "fit")),
     },
     "alibi": {
         "symmetric": (False, _boolean(optional=True)),

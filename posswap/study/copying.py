@@ -89,6 +89,8 @@ ROPE_RECIPES = {
     "rope-partial": ({"rotary_dim": 0.25}, Schedule(lr=1e-3)),
     "rope-partial-keep": ({"rotary_dim": 0.25, "absolute": "keep"}, Schedule()),
     "rope-partial-keep-plr": ({"rotary_dim": 0.25, "absolute": "keep"}, Schedule(position_lr=3e-3)),
+    # The table dropped, its first-layer position-position logits rebuilt by rotated q/k biases (init="fit").
+    "rope-fit": ({"init": "fit"}, Schedule(lr=1e-3)),
 }
 
 
