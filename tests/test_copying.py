@@ -166,3 +166,28 @@ def test_first_step_and_previous_token_head():
     assert first_step(runs, 1, 4.0) == 5  # mean over seeds: 1.0, 4.25, 4.5
     assert first_step(runs, 0, 4.0) is None
     assert previous_token_head([[0.5, 0.1, 0.0], [0.1, 0.8, 0.0], [0.3, 0.3, 0.3]]) == 1
+
+
+def test_a_distilled_schedule_trains_against_the_unpatched_copier(tmp_path):
+    """Schedule(distill=w) adds w x KL(copier || variant) on each window's first 1x: the run is keyed by it (not
+    reused for the plain one) and trains otherwise; distill=0 is the plain run (the same key, so the same run)."""
+    plain = toy_spec(variants=("rope",), seeds=(0,), baseline=False, untrained_rows=())
+    taught = toy_spec(
+        variants=("rope",),
+        seeds=(0,),
+        baseline=False,
+        untrained_rows=(),
+        schedules={"rope": Schedule(1e-3, distill=1.0)},
+    )
+    zero = toy_spec(
+        variants=("rope",),
+        seeds=(0,),
+        baseline=False,
+        untrained_rows=(),
+        schedules={"rope": Schedule(1e-3, distill=0.0)},
+    )
+    runs = [run_copying(spec, tmp_path / "work", tmp_path / f"out{i}", jobs=1, progress=False)["runs"]["rope"][0]
+            for i, spec in enumerate((plain, taught, zero))]  # fmt: skip
+    assert runs[1]["key"]["schedule"]["distill"] == 1.0
+    assert runs[1]["curve"][-1]["drop"] != runs[0]["curve"][-1]["drop"]
+    assert runs[2]["curve"] == runs[0]["curve"]

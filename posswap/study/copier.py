@@ -88,9 +88,19 @@ def make_optimizer(model, lr: float, position_lr: float | None = None) -> torch.
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
 
 
-def train_step(model, optimizer, ids: torch.Tensor) -> float:
-    """One step of next-token loss on ``ids``, gradients clipped to norm 1."""
-    loss = model(input_ids=ids, labels=ids).loss
+def train_step(model, optimizer, ids: torch.Tensor, distill: tuple | None = None) -> float:
+    """One step of next-token loss on ``ids``, gradients clipped to norm 1. ``distill``: (teacher, length, weight):
+    plus weight x KL(teacher || model) over each window's first ``length`` tokens, which the (unpatched, causal)
+    teacher reads as the model does."""
+    from ..training.distill import token_kl
+
+    output = model(input_ids=ids, labels=ids)
+    loss = output.loss
+    if distill is not None:
+        teacher, length, weight = distill
+        with torch.no_grad():
+            target = teacher(input_ids=ids[:, :length]).logits
+        loss = loss + weight * token_kl(target, output.logits[:, :length], 1.0)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()

@@ -44,6 +44,8 @@ class Schedule:
 
     lr: float = 3e-4
     position_lr: float | None = None
+    # Weight of the KL to the unpatched copier on each window's first 1x tokens (train.distill's term; 0: none).
+    distill: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,10 @@ ROPE_RECIPES = {
     "rope-partial-keep-plr": ({"rotary_dim": 0.25, "absolute": "keep"}, Schedule(position_lr=3e-3)),
     # The table dropped, its first-layer position-position logits rebuilt by rotated q/k biases (init="fit").
     "rope-fit": ({"init": "fit"}, Schedule(lr=1e-3)),
+    # The same with the unpatched copier as teacher on each window's first 1x (issue 32).
+    "rope-distill": ({}, Schedule(lr=1e-3, distill=1.0)),
+    "rope-fit-distill": ({"init": "fit"}, Schedule(lr=1e-3, distill=1.0)),
+    "rope-partial-keep-distill": ({"rotary_dim": 0.25, "absolute": "keep"}, Schedule(distill=1.0)),
 }
 
 
@@ -219,10 +225,12 @@ def train_and_probe(base, spec: CopyingSpec, name: str, seed: int) -> dict:
     distances = spec.distances()
     curve, seconds = [{"step": 0, **probe(model, spec, distances, seed)}], 0.0
     attention = {"step 0": layer0_attention(model, spec)}
+    teacher = base.eval() if schedule.distill > 0 and name != BASELINE else None
     for step in range(1, spec.steps + 1):
         clock = time.perf_counter()
         model.train()
-        train_step(model, optimizer, tiled_windows(batch, window, (16, window // 2), spec.copier.vocab, generator))
+        ids = tiled_windows(batch, window, (16, window // 2), spec.copier.vocab, generator)
+        train_step(model, optimizer, ids, distill=(teacher, spec.length, schedule.distill) if teacher else None)
         seconds += time.perf_counter() - clock
         if step % spec.probe_every == 0 or step == spec.steps:
             curve.append({"step": step, **probe(model, spec, distances, seed)})
