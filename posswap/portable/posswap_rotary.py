@@ -33,6 +33,7 @@ from .posswap_state import install_call_state, shared
 _HANDOFF = threading.local()
 # Serialises (re)hooking a projection that peft wrapped, so two first calls cannot hook it twice.
 _HOOKING = threading.Lock()
+ROPE_TYPES = (None, "linear", "dynamic", "yarn")  # transformers' rope_type names: RopeConfig's choices
 
 
 def _handoff() -> dict:
