@@ -11,8 +11,7 @@ from torch import nn
 from .config import check_choice
 from .portable.posswap_architectures import Sites
 from .portable.posswap_functional import resample_positions
-
-ABSOLUTE_CHOICES = ("drop", "keep")
+from .portable.posswap_tables import ABSOLUTE_CHOICES
 
 
 def check_absolute(sites: Sites, absolute: str) -> None:

@@ -1,22 +1,15 @@
 """Which attention kernel a patched model runs: the ``backend`` option of RoPE and ALiBi.
 
 The kernels themselves are registered in ``portable/posswap_attention.py`` (``posswap_flex`` is transformers'
-own flex attention under a name GPT-2 accepts); this checks a choice before anything changes.
+own flex attention under a name GPT-2 accepts), with ``BACKENDS``, the choices; this checks that a model can run
+the kernel chosen before anything changes.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from .config import check_choice
-from .portable.posswap_attention import BIAS_IMPLEMENTATIONS, PLAIN_IMPLEMENTATIONS
-
-BACKENDS = tuple(PLAIN_IMPLEMENTATIONS)  # the `backend` of RopeConfig and AlibiConfig; None: as loaded
-
-
-def validate_backend(backend: str | None) -> None:
-    if backend is not None:
-        check_choice("backend", backend, BACKENDS)
+from .portable.posswap_attention import BIAS_IMPLEMENTATIONS
 
 
 def check_backend(model: nn.Module, backend: str | None) -> None:

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import yaml
 
 from .portable.posswap_block import RENAMED_IN, RENAMED_KEYS
+from .portable.posswap_registry import BLOCK_CHECKS
 
 
 @dataclass
@@ -32,8 +33,13 @@ class PositionConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the field when a value cannot work; subclasses extend this."""
+        """Raise ``ValueError`` naming the field when a value cannot work: every field by the rule in its
+        metadata (``portable/posswap_rules.py``); subclasses add the checks of a field against another field."""
         check_positive_int("max_length", self.max_length)
+        values = self.to_dict()
+        for f in dataclasses.fields(self):
+            if "rule" in f.metadata:
+                check_rule(f.name, getattr(self, f.name), f.metadata["rule"], values)
 
     def bytes_per_row(self, sites) -> int:
         """Bytes per row of the new length that the method builds besides the position-sized buffers and a kept
@@ -90,6 +96,33 @@ def check_text(name: str, value: Any) -> None:
 def check_choice(name: str, value: Any, choices: tuple) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {shown(value)}.")
+
+
+def check_rule(name: str, value: Any, rule: dict, values: dict) -> None:
+    """Refuse ``value`` of option ``name`` unless ``rule`` allows it (``values``: all options, for a check rule)."""
+    unresolved = rule.get("before_apply", ())
+    if (value is None and (rule.get("optional") or None in unresolved)) or (
+        isinstance(value, str) and value in unresolved
+    ):
+        return
+    kind = rule["kind"]
+    bounds = {k: rule.get(k) for k in ("minimum", "maximum", "above", "below")}
+    if kind in ("integer", "number"):
+        check_number(name, value, integer=kind == "integer", **bounds)
+    elif kind == "choice":
+        check_choice(name, value, rule["choices"])
+    elif kind == "boolean" and rule.get("optional") and not isinstance(value, bool):
+        raise ValueError(f"{name} must be true, false or None (the default), got {shown(value)}.")
+    elif kind == "boolean":
+        check_bool(name, value)
+    elif kind == "text":
+        check_text(name, value)
+    elif kind == "check":
+        problem = BLOCK_CHECKS[rule["name"]](value, values)
+        if problem:
+            raise ValueError(f"{name} {problem}, got {shown(value)}.")
+    else:
+        raise ValueError(f"Option {name} has a rule of unknown kind {kind!r}.")
 
 
 def config_from_dict(data: dict[str, Any]) -> PositionConfig:

@@ -29,6 +29,8 @@ from .files import check_folder_target, write_folder
 from .methods.rope import RopeConfig
 from .patching import CONFIG_KEY, patched_config
 from .portable.posswap_rotary import resolve_rotary_dim
+from .portable.posswap_runtime import needs_runtime_code
+from .registry import get_method
 
 TOLERANCE = 1e-4  # max |logit difference| an export may have
 REMOTE = "load the posswap folder with trust_remote_code=True or posswap.from_pretrained instead"
@@ -94,26 +96,21 @@ def _rope_settings(model: nn.Module) -> RopeConfig:
         raise ValueError(
             f"{type(model).__name__} is not patched by posswap: it already is a native transformers model."
         )
-    if position.method == "interpolate" and position.exact_short_inputs:
-        raise _refuse(
-            model,
-            "exact_short_inputs reads an input within the original length at positions k*i, which no "
-            "native architecture does",
-        )
-    if position.method == "interpolate":
+    block = position.to_dict()
+    if not needs_runtime_code(block):
         raise ValueError(
-            "interpolate only resizes the learned table, so the folder save_pretrained writes is already native "
+            f"{position.method} only changed weights, so the folder save_pretrained writes is already native "
             "(AutoModel loads it without trust_remote_code): there is nothing to export."
         )
-    if position.method != "rope":
-        raise _refuse(
-            model, f"no transformers architecture computes {position.method!r} positions for {model.config.model_type}"
-        )
-    if position.absolute == "keep":
-        raise _refuse(model, "absolute='keep' adds the learned table to RoPE, which no native rotary architecture has")
-    if position.rope_type == "dynamic":
-        raise _refuse(model, "dynamic scaling is not exact in transformers (it caches the stretched frequencies)")
-    return position
+    refusal = get_method(position.method).export_refusal
+    reason = (
+        refusal(block)
+        if refusal is not None
+        else f"no transformers architecture computes {position.method!r} positions for {model.config.model_type}"
+    )
+    if reason is not None:
+        raise _refuse(model, reason)
+    return position  # a RopeConfig: the one method whose export_refusal lets a config through
 
 
 # --- GPT-2 -> GPT-NeoX -------------------------------------------------------------------------------------------

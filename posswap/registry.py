@@ -1,16 +1,19 @@
 """Method name -> everything the rest of posswap needs of a method: the one table every entry point looks methods up in.
 
-A method registers once, in its own file under ``posswap/methods``: its config class, its checks and weight changes,
-and its study variants. The parts that live elsewhere are keyed by the same name, and ``tests/test_registry.py``
-fails naming any that is missing: the run-time installer (``portable/posswap_runtime.INSTALLERS``, which saved
-models carry, so it cannot import this table), the position map of the pictures (``study/pictures.POSITION_MAPS``)
-and the test factory (``tests/test_common.FACTORIES``).
+A method registers once, in its own file under ``posswap/methods``: its config class (whose field metadata holds
+each option's help and rule), its checks and weight changes, its study variants, the position map of the pictures
+and an example config (the factory the common tests run). Its run time registers on the portable side, in its
+own ``portable/posswap_<name>.py`` (``posswap_registry.installer``; saved models carry it, so it cannot import
+this table), imported by ``portable/posswap_methods.py``. ``tests/test_registry.py`` fails naming what is missing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from .portable.posswap_registry import BLOCK_CHECKS, SCHEMAS, register_schema, unregister
 
 
 @dataclass(frozen=True)
@@ -29,9 +32,26 @@ class MethodSpec:
     # True: the model reads positions from its learned table extended to max_length (the study makes it for the
     # trained length); False: nothing bounds the reach (the study patches to twice the trained length).
     extends_table: bool = False
+    # position_map(model, sites, positions) -> (matrix, description) or None: what the pictures draw of the
+    # model's position representation (study/pictures.py).
+    position_map: Callable | None = None
+    # example(max_length) -> a config of this method: the one the common tests (tests/test_common.py) run.
+    example: Callable[[int], object] | None = None
+    # export_refusal(config) -> None where `posswap export` writes an exact native folder for a model patched
+    # with this config, else why not; None (no function): no native architecture computes these positions.
+    export_refusal: Callable[[object], str | None] | None = None
 
 
 METHODS: dict[str, MethodSpec] = {}
+
+
+def method_schema(config_class: type) -> dict[str, dict]:
+    """key -> rule of a config class's saved block: each field's rule less what only a config may hold."""
+    schema = {}
+    for f in dataclasses.fields(config_class):
+        if "rule" in f.metadata:
+            schema[f.name] = {k: v for k, v in f.metadata["rule"].items() if k != "before_apply"}
+    return schema
 
 
 def register_method(
@@ -42,7 +62,10 @@ def register_method(
     *,
     variants: dict[str, dict],
     extends_table: bool = False,
-) -> None:
+    position_map: Callable | None = None,
+    example: Callable[[int], object] | None = None,
+    export_refusal: Callable | None = None,
+) -> MethodSpec:
     name = config_class.method
     if name in METHODS:
         raise ValueError(f"Method {name!r} is already registered.")
@@ -51,7 +74,35 @@ def register_method(
         raise ValueError(
             f"Method {name!r} needs study variants of its own; got {sorted(variants)} ({sorted(taken)} taken)."
         )
-    METHODS[name] = MethodSpec(name, config_class, check, apply, initialize, dict(variants), extends_table)
+    schema = method_schema(config_class)
+    unknown = sorted(r["name"] for r in schema.values() if r["kind"] == "check" and r["name"] not in BLOCK_CHECKS)
+    if unknown:
+        raise ValueError(
+            f"Method {name!r} names block checks nobody registered: {', '.join(unknown)} (posswap_registry.block_check "
+            "in its run-time module)."
+        )
+    if name not in SCHEMAS:  # a method from outside posswap: its saved keys, from its config class
+        register_schema(name, schema)
+    spec = MethodSpec(
+        name,
+        config_class,
+        check,
+        apply,
+        initialize,
+        dict(variants),
+        extends_table,
+        position_map,
+        example,
+        export_refusal,
+    )
+    METHODS[name] = spec
+    return spec
+
+
+def unregister_method(name: str) -> None:
+    """Forget a method, its run time and its saved keys (a throwaway method a test registered)."""
+    METHODS.pop(name, None)
+    unregister(name)
 
 
 def get_method(name: str | None) -> MethodSpec:

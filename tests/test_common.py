@@ -30,16 +30,8 @@ from posswap.registry import METHODS
 
 NEW_LENGTH = 4 * OLD_LENGTH
 
-# method name -> config for a new length: the one place a new method has to be added.
-FACTORIES = {
-    "interpolate": lambda n: posswap.InterpolateConfig(max_length=n, mode="linear"),
-    "rope": lambda n: posswap.RopeConfig(max_length=n),
-    "alibi": lambda n: posswap.AlibiConfig(max_length=n),
-    "sinusoidal": lambda n: posswap.SinusoidalConfig(max_length=n),
-    "nope": lambda n: posswap.NopeConfig(max_length=n),
-    "t5-bias": lambda n: posswap.T5BiasConfig(max_length=n, init="fit"),
-    "tupe": lambda n: posswap.TupeConfig(max_length=n, relative=True),
-}
+# method name -> config for a new length: each method's own example (register_method(..., example=)).
+FACTORIES = {name: spec.example for name, spec in METHODS.items() if spec.example is not None}
 
 
 def test_every_registered_method_has_a_factory():

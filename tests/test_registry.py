@@ -10,23 +10,26 @@ import pytest
 from test_common import FACTORIES
 
 import posswap
-from posswap import cli
-from posswap.portable import posswap_block, posswap_runtime
+from posswap import cli, schema
+from posswap.portable import posswap_registry, posswap_runtime
 from posswap.registry import METHODS, MethodSpec, register_method, study_variants
-from posswap.study import copying, pictures, plan
+from posswap.study import copying, plan
 
 
 def missing_parts(spec: MethodSpec) -> list[str]:
     """What a registered method lacks, each named with the place to add it."""
     missing = []
     if spec.name not in posswap_runtime.INSTALLERS:
-        missing.append("a run-time installer in posswap/portable/posswap_runtime.py INSTALLERS")
-    if spec.name not in posswap_block._KEYS:
-        missing.append("its saved keys in posswap/portable/posswap_block.py _KEYS")
-    if spec.name not in pictures.POSITION_MAPS:
-        missing.append("a position map in posswap/study/pictures.py POSITION_MAPS")
+        missing.append(
+            "a run-time installer (@posswap_registry.installer in its posswap/portable/posswap_<name>.py, "
+            "imported by posswap/portable/posswap_methods.py)"
+        )
+    if spec.name not in posswap_registry.SCHEMAS:
+        missing.append(f"its saved keys in posswap/portable/posswap_schema.py (run {schema.COMMAND})")
+    if spec.position_map is None:
+        missing.append("a position map (position_map= in its register_method)")
     if spec.name not in FACTORIES:
-        missing.append("a config factory in tests/test_common.py FACTORIES")
+        missing.append("an example config (example= in its register_method)")
     if not spec.variants:
         missing.append("study variants (variants= in its register_method)")
     return missing
@@ -40,9 +43,8 @@ def test_a_registered_method_has_every_part(name):
 
 def test_the_keyed_tables_hold_registered_methods_only():
     for table, where in (
-        (posswap_runtime.INSTALLERS, "posswap_runtime.INSTALLERS"),
-        (posswap_block._KEYS, "posswap_block._KEYS"),
-        ({k: v for k, v in pictures.POSITION_MAPS.items() if k != "learned"}, "pictures.POSITION_MAPS"),
+        (posswap_runtime.INSTALLERS, "posswap_registry.INSTALLERS"),
+        (posswap_registry.SCHEMAS, "posswap_registry.SCHEMAS"),
         (FACTORIES, "tests/test_common.FACTORIES"),
     ):
         stray = sorted(set(table) - set(METHODS))
@@ -50,13 +52,26 @@ def test_the_keyed_tables_hold_registered_methods_only():
 
 
 def test_a_method_without_a_part_is_named(monkeypatch):
-    spec = METHODS["alibi"]
+    spec = dataclasses.replace(METHODS["alibi"], position_map=None)
     monkeypatch.delitem(posswap_runtime.INSTALLERS, "alibi")
-    monkeypatch.delitem(pictures.POSITION_MAPS, "alibi")
     assert missing_parts(spec) == [
-        "a run-time installer in posswap/portable/posswap_runtime.py INSTALLERS",
-        "a position map in posswap/study/pictures.py POSITION_MAPS",
+        "a run-time installer (@posswap_registry.installer in its posswap/portable/posswap_<name>.py, "
+        "imported by posswap/portable/posswap_methods.py)",
+        "a position map (position_map= in its register_method)",
     ]
+
+
+def test_the_portable_schema_is_generated_from_the_config_classes():
+    """Saved models check their block with posswap_schema.py, written from the configs' field rules."""
+    assert schema.SCHEMA_FILE.read_text(encoding="utf-8") == schema.render(), (
+        f"posswap/portable/posswap_schema.py is stale: run {schema.COMMAND}"
+    )
+    assert posswap_registry.SCHEMAS["t5-bias"]["num_buckets"] == {
+        "kind": "integer",
+        "minimum": 4,
+        "maximum": 65536,
+        "required": True,
+    }
 
 
 @pytest.mark.parametrize("variant", plan.VARIANTS)

@@ -53,7 +53,13 @@ def positional_gpt2() -> transformers.GPT2LMHeadModel:
     """A GPT-2 whose first layer sees positions only: token embeddings zero, a sinusoid table at frequencies RoPE
     has, and q = k = the table's dims in every head, so its position-position logits depend on distance."""
     config = transformers.GPT2Config(
-        n_layer=1, n_embd=HEADS * HEAD_DIM, n_head=HEADS, vocab_size=64, n_positions=WINDOW, bos_token_id=0, eos_token_id=0
+        n_layer=1,
+        n_embd=HEADS * HEAD_DIM,
+        n_head=HEADS,
+        vocab_size=64,
+        n_positions=WINDOW,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config).eval()
@@ -62,7 +68,9 @@ def positional_gpt2() -> transformers.GPT2LMHeadModel:
         model.transformer.wte.weight.zero_()
         inv_freq = 1.0 / 10000 ** (torch.arange(0, HEAD_DIM, 2).float() / HEAD_DIM)
         turning = inv_freq[inv_freq >= 2 * math.pi / WINDOW]  # what the fit uses: a turn inside the window
-        angles = torch.arange(WINDOW)[:, None] * turning.repeat(HEAD_DIM // 2 // len(turning) + 1)[None, : HEAD_DIM // 2]
+        angles = (
+            torch.arange(WINDOW)[:, None] * turning.repeat(HEAD_DIM // 2 // len(turning) + 1)[None, : HEAD_DIM // 2]
+        )
         rows = torch.cat([angles.sin(), angles.cos()], -1)  # (WINDOW, HEAD_DIM)
         model.transformer.wpe.weight.copy_(rows.repeat(1, HEADS) * 3)
         attention = model.transformer.h[0].attn.c_attn

@@ -13,9 +13,12 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 import torch  # noqa: E402
 
 from ..portable.posswap_architectures import ARCHITECTURES  # noqa: E402
-from ..portable.posswap_functional import sinusoidal_table  # noqa: E402
+from ..portable.posswap_functional import (
+    cosine_matrix,  # noqa: E402
+    sinusoidal_table,  # noqa: E402
+)
 from .results import Results  # noqa: E402
-from .similarity import cosine_matrix, head_dim, learned_table, rotary_similarity  # noqa: E402
+from .similarity import head_dim, learned_table, rotary_similarity  # noqa: E402
 
 MAX_SIMILARITY_POINTS = 512  # positions drawn per axis: a 4096 x 4096 image says nothing more
 

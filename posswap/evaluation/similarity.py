@@ -10,11 +10,6 @@ from torch import nn
 from ..portable.posswap_architectures import find_sites
 
 
-def cosine_matrix(vectors: torch.Tensor) -> torch.Tensor:
-    unit = F.normalize(vectors.float(), dim=-1)
-    return unit @ unit.t()
-
-
 def learned_table(model: nn.Module) -> torch.Tensor | None:
     """The rows of the model's position table that real positions use, or None once a method dropped it."""
     sites = find_sites(model)

@@ -8,10 +8,13 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ..absolute import ABSOLUTE_CHOICES, check_absolute, keep_table, planned_table_weight
-from ..backends import check_bias_backend, resolve_bias_backend, validate_backend
-from ..config import PositionConfig, check_choice
+from ..absolute import check_absolute, keep_table, planned_table_weight
+from ..backends import check_bias_backend, resolve_bias_backend
+from ..config import PositionConfig
 from ..portable.posswap_architectures import Sites
+from ..portable.posswap_attention import BACKENDS, bias_map
+from ..portable.posswap_rules import boolean, choice
+from ..portable.posswap_tables import ABSOLUTE_CHOICES
 from ..registry import register_method
 
 
@@ -22,26 +25,24 @@ class AlibiConfig(PositionConfig):
     symmetric: bool | None = field(
         default=None,
         metadata={
-            "help": "ALiBi bias -m*|i-j| (true) or causal -m*(i-j) (false); default: symmetric for encoders, causal for GPT-2."
+            "help": "ALiBi bias -m*|i-j| (true) or causal -m*(i-j) (false); default: symmetric for encoders, causal for GPT-2.",
+            "rule": boolean(optional=True),
         },
     )
     absolute: str = field(
         default="drop",
         metadata={
-            "help": "drop: remove the learned position table (default); keep: keep it, extended by copying rows."
+            "help": "drop: remove the learned position table (default); keep: keep it, extended by copying rows.",
+            "rule": choice(*ABSOLUTE_CHOICES),
         },
     )
     backend: str | None = field(
         default=None,
-        metadata={"help": "ALiBi attention kernel: sdpa, flex or eager; default: what the model was loaded with."},
+        metadata={
+            "help": "ALiBi attention kernel: sdpa, flex or eager; default: what the model was loaded with.",
+            "rule": choice(*BACKENDS, optional=True),
+        },
     )
-
-    def validate(self) -> None:
-        super().validate()
-        if self.symmetric is not None and not isinstance(self.symmetric, bool):
-            raise ValueError(f"symmetric must be true, false or None (from the architecture); got {self.symmetric!r}.")
-        check_choice("absolute", self.absolute, ABSOLUTE_CHOICES)
-        validate_backend(self.backend)
 
 
 def check(model: nn.Module, sites: Sites, config: AlibiConfig) -> None:
@@ -62,4 +63,11 @@ def apply(model: nn.Module, sites: Sites, config: AlibiConfig) -> None:
     config.backend = resolve_bias_backend(model, config.backend)
 
 
-register_method(AlibiConfig, check, apply, variants={"alibi": {}})
+register_method(
+    AlibiConfig,
+    check,
+    apply,
+    variants={"alibi": {}},
+    position_map=bias_map,
+    example=lambda n: AlibiConfig(max_length=n),
+)

@@ -9,10 +9,13 @@ import torch
 from torch import nn
 
 from ..absolute import replace_table_weight
-from ..config import PositionConfig, check_choice
+from ..config import PositionConfig
 from ..memory import resampled_table_bytes_per_row
 from ..portable.posswap_architectures import Sites
 from ..portable.posswap_functional import RESAMPLE_MODES, resample_positions
+from ..portable.posswap_interpolate import learned_map
+from ..portable.posswap_rules import check as check_rule
+from ..portable.posswap_rules import choice
 from ..registry import register_method
 
 logger = logging.getLogger("posswap")
@@ -27,7 +30,8 @@ class InterpolateConfig(PositionConfig):
         metadata={
             "help": "copy: tile the old rows (Longformer); linear / cubic: resample the table (position interpolation); "
             "stride: old row i at position k*i, k = max_length // old, the rows between interpolated (LongEmbed's "
-            "E5-Base-4k)."
+            "E5-Base-4k).",
+            "rule": choice(*RESAMPLE_MODES),
         },
     )
 
@@ -36,19 +40,10 @@ class InterpolateConfig(PositionConfig):
         metadata={
             "help": "With mode stride, an input within the original length reads exactly the original rows (its "
             "position ids multiplied by k, as E5-Base-4k), so the patched model gives it the original's outputs. "
-            "Encoders only; saved folders then carry posswap's code."
+            "Encoders only; saved folders then carry posswap's code.",
+            "rule": check_rule("exact_short_inputs_problem"),  # portable/posswap_interpolate.py: needs mode stride
         },
     )
-
-    def validate(self) -> None:
-        super().validate()
-        check_choice("mode", self.mode, RESAMPLE_MODES)
-        if not isinstance(self.exact_short_inputs, bool):
-            raise ValueError(f"exact_short_inputs must be true or false, got {self.exact_short_inputs!r}.")
-        if self.exact_short_inputs and self.mode != "stride":
-            raise ValueError(
-                f"exact_short_inputs needs mode 'stride' (the old rows at every k-th position), got mode {self.mode!r}."
-            )
 
     def bytes_per_row(self, sites: Sites) -> int:
         return resampled_table_bytes_per_row(sites)  # the table resized to max_length
@@ -107,10 +102,23 @@ def apply(model: nn.Module, sites: Sites, config: InterpolateConfig) -> None:
     replace_table_weight(sites.table, resized_table_weight(sites, config.max_length, config.mode))
 
 
+def export_refusal(block: dict) -> str:
+    """A resized table is native already; only exact_short_inputs runs code, which no native model has."""
+    if block.get("exact_short_inputs"):
+        return (
+            "exact_short_inputs reads an input within the original length at positions k*i, which no native "
+            "architecture does"
+        )
+    return "the resized table is native already"
+
+
 register_method(
     InterpolateConfig,
     check,
     apply,
     variants={"copy": {"mode": "copy"}, "linear": {"mode": "linear"}, "cubic": {"mode": "cubic"}},
     extends_table=True,
+    position_map=learned_map,
+    example=lambda n: InterpolateConfig(max_length=n, mode="linear"),
+    export_refusal=export_refusal,
 )

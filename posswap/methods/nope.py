@@ -14,6 +14,7 @@ from torch import nn
 
 from ..config import PositionConfig
 from ..portable.posswap_architectures import Sites
+from ..portable.posswap_nope import no_map
 from ..registry import register_method
 
 
@@ -38,4 +39,6 @@ def apply(model: nn.Module, sites: Sites, config: NopeConfig) -> None:
         )
 
 
-register_method(NopeConfig, check, apply, variants={"nope": {}})
+register_method(
+    NopeConfig, check, apply, variants={"nope": {}}, position_map=no_map, example=lambda n: NopeConfig(max_length=n)
+)

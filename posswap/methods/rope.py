@@ -11,71 +11,79 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..absolute import ABSOLUTE_CHOICES, check_absolute, keep_table, planned_table_weight
-from ..backends import check_backend, validate_backend
-from ..config import PositionConfig, check_choice, check_number
+from ..absolute import check_absolute, keep_table, planned_table_weight
+from ..backends import check_backend
+from ..config import PositionConfig
 from ..portable.posswap_architectures import Sites
-from ..portable.posswap_rotary import resolve_rotary_dim
+from ..portable.posswap_attention import BACKENDS
+from ..portable.posswap_rope import rotary_map
+from ..portable.posswap_rotary import ROPE_INITS, ROPE_TYPES, resolve_rotary_dim
+from ..portable.posswap_rules import check as check_rule
+from ..portable.posswap_rules import choice, number
+from ..portable.posswap_tables import ABSOLUTE_CHOICES
 from ..registry import register_method
 from .rope_fit import fit_rotary_biases
 from .table_logits import original_rows
-
-ROPE_TYPES = (None, "linear", "dynamic", "yarn")  # transformers' rope_type names
-INITS = (None, "fit")
 
 
 @dataclass
 class RopeConfig(PositionConfig):
     method = "rope"
 
-    theta: float = field(default=10000.0, metadata={"help": "RoPE frequency base (transformers' rope_theta)."})
+    theta: float = field(
+        default=10000.0,
+        metadata={"help": "RoPE frequency base (transformers' rope_theta).", "rule": number(above=1)},
+    )
     rotary_dim: float | int | None = field(
         default=None,
-        metadata={"help": "Head dims rotated: a fraction in (0, 1] or an even number of dims; default all."},
+        metadata={
+            "help": "Head dims rotated: a fraction in (0, 1] or an even number of dims; default all.",
+            "rule": check_rule("rotary_dim_problem", optional=True),  # portable/posswap_rope.py
+        },
     )
     rope_type: str | None = field(
         default=None,
-        metadata={"help": "RoPE scaling type: None, linear, dynamic or yarn (transformers' rope_type)."},
+        metadata={
+            "help": "RoPE scaling type: None, linear, dynamic or yarn (transformers' rope_type).",
+            "rule": choice(*ROPE_TYPES),
+        },
     )
     factor: float | None = field(
         default=None,
-        metadata={"help": "Scaling factor of rope_type; default max_length / the model's original length."},
+        metadata={
+            "help": "Scaling factor of rope_type; default max_length / the model's original length.",
+            "rule": number(minimum=1, optional=True),
+        },
     )
     absolute: str = field(
-        default="drop", metadata={"help": "drop: remove the learned table; keep: keep it, extended by copy."}
+        default="drop",
+        metadata={
+            "help": "drop: remove the learned table; keep: keep it, extended by copy.",
+            "rule": choice(*ABSOLUTE_CHOICES),
+        },
     )
     backend: str | None = field(
-        default=None, metadata={"help": "Attention kernel: sdpa, flex or eager; default: as loaded."}
+        default=None,
+        metadata={
+            "help": "Attention kernel: sdpa, flex or eager; default: as loaded.",
+            "rule": choice(*BACKENDS, optional=True),
+        },
     )
     init: str | None = field(
         default=None,
         metadata={
             "help": "fit: first-layer q/k biases whose rotation rebuilds the dropped table's position-position "
-            "logits per distance (absolute=drop only); default: the weights as they are."
+            "logits per distance (absolute=drop only); default: the weights as they are.",
+            "rule": choice(*ROPE_INITS, optional=True),
         },
     )
 
     def validate(self) -> None:
         super().validate()
-        check_number("theta", self.theta, above=1)
-        if self.rotary_dim is not None:
-            r = self.rotary_dim
-            ok_fraction = isinstance(r, float) and 0 < r <= 1
-            ok_count = isinstance(r, int) and not isinstance(r, bool) and r > 0 and r % 2 == 0
-            if not (ok_fraction or ok_count):
-                raise ValueError(
-                    f"rotary_dim must be a fraction in (0, 1] or an even positive number of dims, got {r!r}."
-                )
-        check_choice("rope_type", self.rope_type, ROPE_TYPES)
-        if self.factor is not None:
-            if self.rope_type is None:
-                raise ValueError(
-                    "factor only applies with rope_type='linear', 'dynamic' or 'yarn'; set rope_type or drop factor."
-                )
-            check_number("factor", self.factor, minimum=1)
-        check_choice("absolute", self.absolute, ABSOLUTE_CHOICES)
-        validate_backend(self.backend)
-        check_choice("init", self.init, INITS)
+        if self.factor is not None and self.rope_type is None:
+            raise ValueError(
+                "factor only applies with rope_type='linear', 'dynamic' or 'yarn'; set rope_type or drop factor."
+            )
         if self.init == "fit" and self.absolute == "keep":
             raise ValueError(
                 "init='fit' rebuilds what the dropped table did; with absolute='keep' the table still does it. "
@@ -108,6 +116,15 @@ def initialize(model: nn.Module, sites: Sites, config: RopeConfig, rows: torch.T
         fit_rotary_biases(model, sites, rows)
 
 
+def export_refusal(block: dict) -> str | None:
+    """Why ``posswap export`` has no exact native copy (GPT-NeoX, RoFormer) of a model patched as ``block``."""
+    if block.get("absolute", "drop") == "keep":
+        return "absolute='keep' adds the learned table to RoPE, which no native rotary architecture has"
+    if block.get("rope_type") == "dynamic":
+        return "dynamic scaling is not exact in transformers (it caches the stretched frequencies)"
+    return None
+
+
 # rope-yarn: YaRN stretched by the study's extension (4x).
 register_method(
     RopeConfig,
@@ -115,4 +132,7 @@ register_method(
     apply,
     initialize,
     variants={"rope": {}, "rope-yarn": {"rope_type": "yarn"}},
+    position_map=rotary_map,
+    example=lambda n: RopeConfig(max_length=n),
+    export_refusal=export_refusal,  # RoPE's native export (posswap/export.py), where the config allows it
 )

@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ..config import PositionConfig, check_number
+from ..config import PositionConfig
 from ..portable.posswap_architectures import Sites
 from ..portable.posswap_functional import sinusoidal_table
+from ..portable.posswap_rules import number
+from ..portable.posswap_sinusoidal import sinusoidal_map
 from ..registry import register_method
 
 
@@ -20,21 +22,19 @@ class SinusoidalConfig(PositionConfig):
 
     theta: float = field(
         default=10000.0,
-        metadata={"help": "Frequency base: dims 2i and 2i+1 turn at theta^(-2i/d) rad per position."},
+        metadata={
+            "help": "Frequency base: dims 2i and 2i+1 turn at theta^(-2i/d) rad per position.",
+            "rule": number(above=1, required=True),
+        },
     )
     scale: str | float = field(
         default="match",
         metadata={
             "help": "match: scale the table to the RMS of the learned table it replaces (recorded as a number); "
-            "or a number to multiply the unit sin/cos table by."
+            "or a number to multiply the unit sin/cos table by.",
+            "rule": number(above=0, required=True, before_apply=("match",)),
         },
     )
-
-    def validate(self) -> None:
-        super().validate()
-        check_number("theta", self.theta, above=1)
-        if self.scale != "match":
-            check_number("scale", self.scale, above=0)
 
     def bytes_per_row(self, sites: Sites) -> int:
         # The sinusoid is made on first use: float64 angles, sin, cos and table, then float32 copies (scaled,
@@ -68,4 +68,11 @@ def apply(model: nn.Module, sites: Sites, config: SinusoidalConfig) -> None:
     config.scale = float(config.scale)
 
 
-register_method(SinusoidalConfig, check, apply, variants={"sinusoidal": {}})
+register_method(
+    SinusoidalConfig,
+    check,
+    apply,
+    variants={"sinusoidal": {}},
+    position_map=sinusoidal_map,
+    example=lambda n: SinusoidalConfig(max_length=n),
+)

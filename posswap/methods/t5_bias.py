@@ -20,15 +20,17 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..absolute import ABSOLUTE_CHOICES, check_absolute, keep_table, planned_table_weight
-from ..backends import check_bias_backend, resolve_bias_backend, validate_backend
-from ..config import PositionConfig, check_bool, check_choice, check_number
+from ..absolute import check_absolute, keep_table, planned_table_weight
+from ..backends import check_bias_backend, resolve_bias_backend
+from ..config import PositionConfig
 from ..portable.posswap_architectures import Sites
-from ..portable.posswap_t5 import t5_buckets
+from ..portable.posswap_attention import BACKENDS, bias_map
+from ..portable.posswap_rules import boolean, choice, integer
+from ..portable.posswap_rules import check as check_rule
+from ..portable.posswap_t5 import INITS, t5_buckets
+from ..portable.posswap_tables import ABSOLUTE_CHOICES
 from ..registry import register_method
 from .table_logits import first_layer_position_scores, original_rows
-
-INITS = ("zeros", "fit")
 
 
 @dataclass
@@ -38,42 +40,46 @@ class T5BiasConfig(PositionConfig):
     num_buckets: int = field(
         default=32,
         metadata={
-            "help": "Buckets of relative distance, one learned bias per bucket and head (T5: 32); encoders split them between both directions."
+            "help": "Buckets of relative distance, one learned bias per bucket and head (T5: 32); encoders split them between both directions.",
+            "rule": integer(4, 65536, required=True),
         },
     )
     max_distance: int = field(
         default=128,
         metadata={
-            "help": "Distance at which the log-spaced buckets end; farther keys share the last bucket (T5: 128)."
+            "help": "Distance at which the log-spaced buckets end; farther keys share the last bucket (T5: 128).",
+            # T5's bucket function divides by log(max_distance / max_exact), max_exact = num_buckets / 4 or / 2.
+            "rule": check_rule("max_distance_problem", required=True),  # portable/posswap_t5.py: > num_buckets // 2
         },
     )
     per_layer: bool = field(
         default=False,
-        metadata={"help": "One bucket table per layer (true) or one shared by all layers, as T5 (false)."},
+        metadata={
+            "help": "One bucket table per layer (true) or one shared by all layers, as T5 (false).",
+            "rule": boolean(),
+        },
     )
     absolute: str = field(
-        default="drop", metadata={"help": "drop: remove the learned table (default); keep: keep it, extended by copy."}
+        default="drop",
+        metadata={
+            "help": "drop: remove the learned table (default); keep: keep it, extended by copy.",
+            "rule": choice(*ABSOLUTE_CHOICES),
+        },
     )
     init: str = field(
         default="zeros",
         metadata={
-            "help": "Starting biases: zeros, or fit (per-bucket means of the original's first-layer position-position logits)."
+            "help": "Starting biases: zeros, or fit (per-bucket means of the original's first-layer position-position logits).",
+            "rule": choice(*INITS),
         },
     )
     backend: str | None = field(
         default=None,
-        metadata={"help": "Attention kernel: sdpa, flex or eager; default: what the model was loaded with."},
+        metadata={
+            "help": "Attention kernel: sdpa, flex or eager; default: what the model was loaded with.",
+            "rule": choice(*BACKENDS, optional=True),
+        },
     )
-
-    def validate(self) -> None:
-        super().validate()
-        # T5's bucket function divides by log(max_distance / max_exact), max_exact = num_buckets / 4 (encoders) or / 2.
-        check_number("num_buckets", self.num_buckets, minimum=4, maximum=65536, integer=True)
-        check_number("max_distance", self.max_distance, above=self.num_buckets // 2, integer=True)
-        check_bool("per_layer", self.per_layer)
-        check_choice("absolute", self.absolute, ABSOLUTE_CHOICES)
-        check_choice("init", self.init, INITS)
-        validate_backend(self.backend)
 
 
 def check(model: nn.Module, sites: Sites, config: T5BiasConfig) -> None:
@@ -124,4 +130,12 @@ def bucket_means(scores: torch.Tensor, buckets: torch.Tensor, num_buckets: int) 
     return sums / counts
 
 
-register_method(T5BiasConfig, check, apply, initialize, variants={"t5-bias": {}, "t5-bias-fit": {"init": "fit"}})
+register_method(
+    T5BiasConfig,
+    check,
+    apply,
+    initialize,
+    variants={"t5-bias": {}, "t5-bias-fit": {"init": "fit"}},
+    position_map=bias_map,
+    example=lambda n: T5BiasConfig(max_length=n, init="fit"),
+)

@@ -15,11 +15,14 @@ import torch
 from torch import nn
 
 from ..architectures import embedding_projection, first_layer_qk
-from ..backends import check_bias_backend, resolve_bias_backend, validate_backend
-from ..config import PositionConfig, check_bool, check_choice
+from ..backends import check_bias_backend, resolve_bias_backend
+from ..config import PositionConfig
 from ..memory import resampled_table_bytes_per_row
 from ..portable.posswap_architectures import Sites
+from ..portable.posswap_attention import BACKENDS
 from ..portable.posswap_functional import RESAMPLE_MODES
+from ..portable.posswap_rules import boolean, choice
+from ..portable.posswap_tupe import tupe_map
 from ..registry import register_method
 from .interpolate import resized_table_weight
 
@@ -31,31 +34,31 @@ class TupeConfig(PositionConfig):
     cls_reset: bool | None = field(
         default=None,
         metadata={
-            "help": "Replace the correlations from and to position 0 ([CLS]) by two learned scalars per head; default: on for encoders, off for GPT-2."
+            "help": "Replace the correlations from and to position 0 ([CLS]) by two learned scalars per head; default: on for encoders, off for GPT-2.",
+            "rule": boolean(required=True, before_apply=(None,)),
         },
     )
     relative: bool = field(
         default=False,
         metadata={
-            "help": "TUPE-R: also add T5's learned bucketed relative bias (32 buckets, max distance 128), zero at the start."
+            "help": "TUPE-R: also add T5's learned bucketed relative bias (32 buckets, max distance 128), zero at the start.",
+            "rule": boolean(),
         },
     )
     mode: str = field(
         default="copy",
-        metadata={"help": "How the learned table is extended to max_length: copy (tile), linear or cubic (resample)."},
+        metadata={
+            "help": "How the learned table is extended to max_length: copy (tile), linear or cubic (resample).",
+            "rule": choice(*RESAMPLE_MODES),
+        },
     )
     backend: str | None = field(
         default=None,
-        metadata={"help": "Attention kernel: sdpa, flex or eager; default: what the model was loaded with."},
+        metadata={
+            "help": "Attention kernel: sdpa, flex or eager; default: what the model was loaded with.",
+            "rule": choice(*BACKENDS, optional=True),
+        },
     )
-
-    def validate(self) -> None:
-        super().validate()
-        if self.cls_reset is not None:
-            check_bool("cls_reset", self.cls_reset)
-        check_bool("relative", self.relative)
-        check_choice("mode", self.mode, RESAMPLE_MODES)
-        validate_backend(self.backend)
 
     def bytes_per_row(self, sites: Sites) -> int:
         return resampled_table_bytes_per_row(sites)  # the table resized to max_length
@@ -110,4 +113,13 @@ def initialize(model: nn.Module, sites: Sites, config: TupeConfig, table: torch.
 
 
 # Its correlation comes from the (copied) table, so it reads no further than the table.
-register_method(TupeConfig, check, apply, initialize, variants={"tupe": {}}, extends_table=True)
+register_method(
+    TupeConfig,
+    check,
+    apply,
+    initialize,
+    variants={"tupe": {}},
+    extends_table=True,
+    position_map=tupe_map,
+    example=lambda n: TupeConfig(max_length=n, relative=True),
+)

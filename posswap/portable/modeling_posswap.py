@@ -21,7 +21,7 @@ from transformers.models.auto import modeling_auto
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
 
 from .posswap_architectures import ARCHITECTURES
-from .posswap_block import weights_mismatch
+from .posswap_block import check_block, describe, migrate_block, weights_mismatch
 from .posswap_runtime import install_positions, needs_runtime_code
 from .posswap_state import forward_through_hooks
 
@@ -79,6 +79,8 @@ class PosswapModelMixin:
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
         block = getattr(config, "posswap", None)
+        # A method this code does not know is named (not "a plain interpolate"); old keys are renamed first.
+        check_block(migrate_block(block), describe(config))
         if not isinstance(block, dict) or not needs_runtime_code(block):
             raise ValueError(
                 f"{type(self).__name__} needs a config with a posswap block of a method that runs code of posswap's "

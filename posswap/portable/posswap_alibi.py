@@ -8,9 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch import nn
 
-from .posswap_attention import BiasProvider
+from .posswap_architectures import Sites
+from .posswap_attention import BiasProvider, install_bias
 from .posswap_functional import alibi_bias, alibi_slopes
+from .posswap_registry import installer
 
 
 class AlibiBias(BiasProvider):
@@ -45,3 +48,11 @@ class AlibiBias(BiasProvider):
 
     def extra_repr(self) -> str:
         return f"heads={self.num_heads}, symmetric={self.symmetric}"
+
+
+@installer("alibi")
+def install_alibi(model: nn.Module, sites: Sites, block: dict) -> None:
+    symmetric = block.get("symmetric")
+    symmetric = (not sites.arch.causal) if symmetric is None else symmetric
+    provider = AlibiBias(model.config.num_attention_heads, symmetric)
+    install_bias(model, sites.base, sites.self_attentions(), [provider], block.get("backend") or "sdpa", sites.offset)

@@ -40,6 +40,7 @@ from .posswap_blocked import (
     wanted,
 )
 from .posswap_blocked_grad import BlockedBiasAttention, make_plan, trainable
+from .posswap_functional import hide_future
 from .posswap_hooks import CACHE_KWARGS, find_hooks
 from .posswap_state import STATE_KWARG, install_call_state, shared
 
@@ -47,6 +48,7 @@ from .posswap_state import STATE_KWARG, install_call_state, shared
 BIAS_IMPLEMENTATIONS = {"sdpa": "posswap_bias_sdpa", "flex": "posswap_bias_flex", "eager": "posswap_bias_eager"}
 FLEX = "posswap_flex"
 PLAIN_IMPLEMENTATIONS = {"sdpa": "sdpa", "flex": FLEX, "eager": "eager"}  # backend -> name, for RoPE
+BACKENDS = tuple(PLAIN_IMPLEMENTATIONS)  # the choices of a method's `backend` option; None: as loaded
 
 
 class BiasProvider(nn.Module):
@@ -442,3 +444,13 @@ def register() -> None:
 
 
 register()
+
+
+def bias_map(model: nn.Module, sites, positions: torch.Tensor) -> tuple[torch.Tensor, str]:
+    """The first layer's bias over ``positions`` (queries x keys), averaged over heads; NaN where a causal mask
+    hides the key: the position map of a bias method's pictures."""
+    provider = sites.self_attentions()[0].posswap_bias
+    p = positions.to(next(model.parameters()).device)[None]
+    bias = provider.bias(p, p)[0].float().mean(0).cpu()
+    method = model.config.posswap["method"]
+    return hide_future(bias, positions, sites.arch.causal), f"{method}: first layer's bias, mean of heads"

@@ -11,123 +11,20 @@ It travels with saved models (``posswap/portable``), so it imports nothing from 
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from typing import Any
 
 from .posswap_architectures import ARCHITECTURES
-from .posswap_functional import RESAMPLE_MODES
+from .posswap_methods import EVERY_INSTALLER  # noqa: F401  (every method's block checks, registered as it loads)
+from .posswap_registry import SCHEMAS
+from .posswap_rules import block_problem, integer, text
 
 CORE_KEYS = ("method", "max_length", "original_length")
-_BACKENDS = (None, "sdpa", "flex", "eager")
-_ABSOLUTE = ("drop", "keep")
-_MODES = RESAMPLE_MODES
-
-
-def _integer(minimum: int, maximum: int | None = None) -> Callable[[Any, dict], str | None]:
-    def check(value, block):
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int)
-            or value < minimum
-            or (maximum is not None and value > maximum)
-        ):
-            return f"must be an integer >= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
-        return None
-
-    return check
-
-
-def _number(above: float | None = None, minimum: float | None = None, optional: bool = False):
-    def check(value, block):
-        if value is None and optional:
-            return None
-        ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-        ok = ok and (above is None or value > above) and (minimum is None or value >= minimum)
-        if not ok:
-            bound = f" > {above}" if above is not None else f" >= {minimum}" if minimum is not None else ""
-            return f"must be a finite number{bound}" + (" or null" if optional else "")
-        return None
-
-    return check
-
-
-def _choice(*choices):
-    def check(value, block):
-        return None if value in choices else f"must be one of {', '.join(map(repr, choices))}"
-
-    return check
-
-
-def _boolean(optional: bool = False):
-    def check(value, block):
-        if isinstance(value, bool) or (optional and value is None):
-            return None
-        return "must be true or false" + (" (or null)" if optional else "")
-
-    return check
-
-
-def _rotary_dim(value, block):
-    if value is None:
-        return None
-    fraction = isinstance(value, float) and 0 < value <= 1
-    count = isinstance(value, int) and not isinstance(value, bool) and value > 0 and value % 2 == 0
-    return None if fraction or count else "must be null, a fraction in (0, 1] or an even positive number of dims"
-
-
-def _max_distance(value, block):
-    buckets = block.get("num_buckets")
-    floor = buckets // 2 + 1 if isinstance(buckets, int) else 1
-    return _integer(floor)(value, block)
-
-
-def _exact_short_inputs(value, block):
-    if not isinstance(value, bool):
-        return "must be true or false"
-    return "needs mode 'stride'" if value and block.get("mode") != "stride" else None
-
-
-def _text(value, block):
-    return None if isinstance(value, str) else "must be a string"
-
-
-# method -> key -> (required, check). Required: keys the run time reads without a default.
-_KEYS: dict[str, dict[str, tuple[bool, Callable]]] = {
-    "interpolate": {"mode": (False, _choice(*_MODES)), "exact_short_inputs": (False, _exact_short_inputs)},
-    "rope": {
-        "theta": (False, _number(above=1)),
-        "rotary_dim": (False, _rotary_dim),
-        "rope_type": (False, _choice(None, "linear", "dynamic", "yarn")),
-        "factor": (False, _number(minimum=1, optional=True)),
-        "absolute": (False, _choice(*_ABSOLUTE)),
-        "backend": (False, _choice(*_BACKENDS)),
-        "init": (False, _choice(None, "fit")),
-    },
-    "alibi": {
-        "symmetric": (False, _boolean(optional=True)),
-        "absolute": (False, _choice(*_ABSOLUTE)),
-        "backend": (False, _choice(*_BACKENDS)),
-    },
-    "sinusoidal": {"theta": (True, _number(above=1)), "scale": (True, _number(above=0))},
-    "nope": {},
-    "t5-bias": {
-        "num_buckets": (True, _integer(4, 65536)),
-        "max_distance": (True, _max_distance),
-        "per_layer": (False, _boolean()),
-        "absolute": (False, _choice(*_ABSOLUTE)),
-        "init": (False, _choice("zeros", "fit")),
-        "backend": (False, _choice(*_BACKENDS)),
-    },
-    "tupe": {
-        "cls_reset": (True, _boolean()),
-        "relative": (False, _boolean()),
-        "mode": (False, _choice(*_MODES)),
-        "backend": (False, _choice(*_BACKENDS)),
-    },
+# Keys of every method's block besides ``method``; the methods' own keys are in posswap_registry.SCHEMAS.
+COMMON_KEYS = {
+    "max_length": integer(1, required=True),
+    "original_length": integer(1, required=True),
+    "version": text(),
 }
-_COMMON = {"max_length": (True, _integer(1)), "original_length": (True, _integer(1)), "version": (False, _text)}
-METHODS = tuple(_KEYS)
 
 
 # Keys renamed since a block was first written: method -> {old: new}. Blocks in folders saved by an older posswap
@@ -169,21 +66,26 @@ def check_block(block: Any, where: str, config: Any = None) -> None:
             f"(as posswap.patch writes it); got {got}. Re-save the model with posswap, or delete the block to load it unpatched."
         )
     method = block["method"]
-    if method not in _KEYS:
-        raise _fail(where, f"has method {method!r}; posswap's methods are {', '.join(METHODS)}")
-    keys = {**_COMMON, **_KEYS[method]}
+    if method not in SCHEMAS:
+        raise ValueError(
+            f"{where}/config.json: the 'posswap' block has method {method!r}, which this code does not know (its "
+            f"methods: {', '.join(SCHEMAS)}). A method registered outside posswap is not carried in saved folders: "
+            "load the folder with posswap.from_pretrained where that method is registered, or re-save the model with "
+            "a method of posswap's."
+        )
+    keys = {**COMMON_KEYS, **SCHEMAS[method]}
     unknown = sorted(set(block) - set(keys) - {"method"})
     if unknown:
         raise _fail(
             where,
             f"({method}) has unknown key(s) {', '.join(map(repr, unknown))}; its keys are {', '.join(sorted(keys))}",
         )
-    for key, (required, check) in keys.items():
+    for key, rule in keys.items():
         if key not in block:
-            if required:
+            if rule.get("required"):
                 raise _fail(where, f"({method}) has no {key!r}, which the {method} run time needs")
             continue
-        problem = check(block[key], block)
+        problem = block_problem(block[key], rule, block)
         if problem:
             raise _fail(where, f"({method}) key {key!r} {problem}; got {block[key]!r}")
     if config is not None:

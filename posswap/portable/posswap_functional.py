@@ -202,3 +202,16 @@ def alibi_bias(
     if symmetric:
         distance = distance.abs()
     return -slopes[:, None, None] * distance.unsqueeze(-3).to(slopes.dtype)
+
+
+def cosine_matrix(vectors: torch.Tensor) -> torch.Tensor:
+    """(n, n) cosine similarity of the rows of ``vectors`` (n, d), in float32."""
+    unit = F.normalize(vectors.float(), dim=-1)
+    return unit @ unit.t()
+
+
+def hide_future(matrix: torch.Tensor, positions: torch.Tensor, causal: bool) -> torch.Tensor:
+    """NaN where a decoder's causal mask hides the key (j > i): a logit term there never reaches attention."""
+    if causal:
+        matrix = matrix.masked_fill(positions[None, :] > positions[:, None], float("nan"))
+    return matrix

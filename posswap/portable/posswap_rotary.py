@@ -33,6 +33,8 @@ from .posswap_state import install_call_state, shared
 _HANDOFF = threading.local()
 # Serialises (re)hooking a projection that peft wrapped, so two first calls cannot hook it twice.
 _HOOKING = threading.Lock()
+ROPE_TYPES = (None, "linear", "dynamic", "yarn")  # transformers' rope_type names: RopeConfig's choices
+ROPE_INITS = ("fit",)  # RopeConfig.init besides None: first-layer q/k biases fitted to the dropped table
 
 
 def _handoff() -> dict:

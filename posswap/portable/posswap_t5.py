@@ -15,7 +15,11 @@ import torch
 from torch import nn
 from transformers.models.t5.modeling_t5 import T5Attention
 
-from .posswap_attention import BiasProvider
+from .posswap_architectures import Sites
+from .posswap_attention import BiasProvider, install_bias
+from .posswap_registry import block_check, installer
+
+INITS = ("zeros", "fit")  # T5BiasConfig's init: starting biases
 
 
 def t5_buckets(
@@ -66,3 +70,25 @@ class T5Buckets(BiasProvider):
 
     def extra_repr(self) -> str:
         return f"buckets={self.num_buckets}, max_distance={self.max_distance}, bidirectional={self.bidirectional}"
+
+
+@installer("t5-bias")
+def install_t5_bias(model: nn.Module, sites: Sites, block: dict) -> None:
+    # Built with whatever values nn.Embedding starts with: the checkpoint (loading) or init (patching) sets them.
+    attentions = sites.self_attentions()
+    count = len(attentions) if block.get("per_layer") else 1
+    providers = [
+        T5Buckets(model.config.num_attention_heads, block["num_buckets"], block["max_distance"], not sites.arch.causal)
+        for _ in range(count)
+    ]
+    install_bias(model, sites.base, attentions, providers, block.get("backend") or "sdpa", sites.offset)
+
+
+@block_check
+def max_distance_problem(value, block: dict) -> str | None:
+    """T5's bucket function divides by log(max_distance / max_exact), max_exact = num_buckets / 4 (encoders) or
+    / 2: max_distance must pass half the buckets."""
+    buckets = block.get("num_buckets")
+    floor = buckets // 2 if isinstance(buckets, int) and not isinstance(buckets, bool) else 0
+    ok = isinstance(value, int) and not isinstance(value, bool) and value > floor
+    return None if ok else f"must be an integer > {floor}"

@@ -14,6 +14,8 @@ from torch import nn
 
 from .posswap_functional import sinusoidal_table
 
+ABSOLUTE_CHOICES = ("drop", "keep")  # what a method that replaces the table does with it: the `absolute` option
+
 
 class NoPositions(nn.Module):
     """Adds nothing. The embeddings code still calls the table, so it cannot simply be deleted; a module without

@@ -23,7 +23,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .posswap_attention import BiasProvider
+from .posswap_architectures import Sites
+from .posswap_attention import BiasProvider, install_bias
+from .posswap_functional import hide_future
+from .posswap_registry import installer
+from .posswap_t5 import T5Buckets
 
 
 class TupeBias(BiasProvider):
@@ -110,3 +114,24 @@ class TupeBias(BiasProvider):
 
     def extra_repr(self) -> str:
         return f"heads={self.num_heads}, length={self.positions.shape[0]}, cls_reset={self.cls_reset}"
+
+
+@installer("tupe")
+def install_tupe(model: nn.Module, sites: Sites, block: dict) -> None:
+    config, heads = model.config, model.config.num_attention_heads
+    # TUPE-R: T5's buckets as the paper uses them (32 buckets, max distance 128), causal for decoders.
+    relative = T5Buckets(heads, 32, 128, bidirectional=not sites.arch.causal) if block.get("relative") else None
+    table_dim = sites.table_dim  # NoPositions keeps the dropped table's width
+    provider = TupeBias(
+        heads, table_dim, config.hidden_size, block["max_length"], sites.offset, block["cls_reset"], relative
+    )
+    install_bias(model, sites.base, sites.self_attentions(), [provider], block.get("backend") or "sdpa", sites.offset)
+
+
+def tupe_map(model: nn.Module, sites: Sites, positions: torch.Tensor) -> tuple[torch.Tensor, str]:
+    """The positional correlation (p_i U_Q).(p_j U_K) / sqrt(2d) (shared by the layers; with the [CLS] reset
+    where the model has one), averaged over heads; TUPE-R's bucket bias is not in it."""
+    provider: TupeBias = sites.self_attentions()[0].posswap_bias
+    p = positions.to(provider.positions.device)[None]
+    correlation = provider.correlation(p, p)[0].mean(0).cpu()
+    return hide_future(correlation, positions, sites.arch.causal), "TUPE: (p_i U_Q)·(p_j U_K)/√(2d), mean of heads"

@@ -6,8 +6,8 @@
   distance, per layer, from the model's own attention weights on real text;
 - :func:`t5_bias_by_distance` / :func:`plot_t5_buckets`: a t5-bias model's learned bias per head against distance.
 
-Which method a model runs is read from its config's ``posswap`` block (none: the stock learned table); the
-per-method knowledge is the one table ``POSITION_MAPS``.
+Which method a model runs is read from its config's ``posswap`` block (none: the stock learned table); what to
+draw of it is the method's registered ``position_map``.
 """
 
 from __future__ import annotations
@@ -20,13 +20,16 @@ import torch
 from torch import nn
 
 from ..evaluation.plots import MAX_SIMILARITY_POINTS, plt, save_figure
-from ..evaluation.similarity import cosine_matrix, learned_table
+from ..evaluation.similarity import learned_table
 from ..patching import CONFIG_KEY
 from ..portable.posswap_architectures import Sites, find_sites
 from ..portable.posswap_attention import BIAS_IMPLEMENTATIONS
+from ..portable.posswap_functional import cosine_matrix
 from ..portable.posswap_t5 import T5Buckets, t5_buckets
 from ..portable.posswap_tupe import TupeBias
+from ..registry import get_method
 
+LEARNED = "learned"  # what method_of says of a stock model
 Map = tuple[torch.Tensor, str]  # (matrix over the chosen positions, description)
 MAP_COLOURS = plt.get_cmap("RdBu_r").with_extremes(bad="0.8")  # grey: keys a causal mask hides (NaN)
 
@@ -34,84 +37,22 @@ MAP_COLOURS = plt.get_cmap("RdBu_r").with_extremes(bad="0.8")  # grey: keys a ca
 def method_of(model: nn.Module) -> str:
     """The posswap method the model runs; ``"learned"`` for a stock model."""
     block = getattr(model.config, CONFIG_KEY, None)
-    return block["method"] if block else "learned"
+    return block["method"] if block else LEARNED
 
 
 def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _first_provider(sites: Sites):
-    """The bias provider of the first self-attention (shared by the layers, or the first layer's own)."""
-    return sites.self_attentions()[0].posswap_bias
-
-
-def _hide_future(matrix: torch.Tensor, positions: torch.Tensor, sites: Sites) -> torch.Tensor:
-    """NaN where a decoder's causal mask hides the key (j > i): a logit term there never reaches attention."""
-    if sites.arch.causal:
-        matrix = matrix.masked_fill(positions[None, :] > positions[:, None], float("nan"))
-    return matrix
-
-
-# --- one function per kind of position representation: (model, sites, positions) -> Map | None ---------------
-
-
-def _learned_map(model: nn.Module, sites: Sites, positions: torch.Tensor) -> Map:
+def learned_map(model: nn.Module, sites: Sites, positions: torch.Tensor) -> Map:
+    """A stock model's map: its learned table's rows, the cosine of each pair."""
     return cosine_matrix(learned_table(model)[positions]), "learned table: cosine of rows"
 
 
-def _sinusoidal_map(model: nn.Module, sites: Sites, positions: torch.Tensor) -> Map:
-    table = getattr(sites.owner, sites.arch.table).table(_device(model))  # row p is position p - offset
-    return cosine_matrix(table[positions + sites.offset].cpu()), "sinusoidal table: cosine of rows"
-
-
-def _rotary_map(model: nn.Module, sites: Sites, positions: torch.Tensor) -> Map:
-    """Expected cosine similarity of one random head vector rotated to positions i and j: every rotated pair of
-    dims turns by (i - j) theta_k, the pairs partial rotary leaves alone stay put (cos 0 = 1). The cos/sin scale
-    (YaRN's attention factor) weighs the rotated pairs by scale^2 against the unrotated ones."""
-    rotary = sites.base.posswap_rotary
-    longest = int(positions.max()) + 1  # dynamic scaling stretches with the longest position, as at run time
-    seq_len = longest if rotary.rope_type == "dynamic" and longest > rotary.original_length else None
-    inv_freq, scale = rotary.frequencies(torch.device("cpu"), seq_len)
-    distance = (positions[:, None] - positions[None, :]).double()
-    rotated = torch.cos(distance[..., None] * inv_freq.double()).sum(-1) * scale**2
-    unrotated = (rotary.head_dim - rotary.rotary_dim) / 2
-    pairs = len(inv_freq) * scale**2 + unrotated
-    title = f"RoPE: mean cos((i-j)θ), {rotary.rotary_dim}/{rotary.head_dim} dims rotated"
-    return ((rotated + unrotated) / pairs).float(), title + (f", {rotary.rope_type}" if rotary.rope_type else "")
-
-
-def _bias_map(model: nn.Module, sites: Sites, positions: torch.Tensor) -> Map:
-    """ALiBi's or T5's bias of the first layer, averaged over heads."""
-    provider = _first_provider(sites)
-    p = positions.to(_device(model))[None]
-    bias = provider.bias(p, p)[0].float().mean(0).cpu()
-    return _hide_future(bias, positions, sites), f"{method_of(model)}: first layer's bias, mean of heads"
-
-
-def _tupe_map(model: nn.Module, sites: Sites, positions: torch.Tensor) -> Map:
-    """The positional correlation (p_i U_Q).(p_j U_K) / sqrt(2d) (shared by the layers; with the [CLS] reset
-    where the model has one), averaged over heads; TUPE-R's bucket bias is not in it."""
-    provider: TupeBias = _first_provider(sites)
-    p = positions.to(provider.positions.device)[None]
-    correlation = provider.correlation(p, p)[0].mean(0).cpu()
-    return _hide_future(correlation, positions, sites), "TUPE: (p_i U_Q)·(p_j U_K)/√(2d), mean of heads"
-
-
-def _no_map(model: nn.Module, sites: Sites, positions: torch.Tensor) -> None:
-    """NoPE: the model has no position representation to draw."""
-
-
-POSITION_MAPS: dict[str, Callable[[nn.Module, Sites, torch.Tensor], Map | None]] = {
-    "learned": _learned_map,
-    "interpolate": _learned_map,
-    "sinusoidal": _sinusoidal_map,
-    "rope": _rotary_map,
-    "alibi": _bias_map,
-    "t5-bias": _bias_map,
-    "tupe": _tupe_map,
-    "nope": _no_map,
-}
+def position_map(model: nn.Module) -> Callable[[nn.Module, Sites, torch.Tensor], Map | None]:
+    """The map function of the method the model runs (its registration's ``position_map``)."""
+    method = method_of(model)
+    return learned_map if method == LEARNED else get_method(method).position_map
 
 
 def position_similarity(model: nn.Module, length: int, step: int = 1) -> Map | None:
@@ -124,7 +65,7 @@ def position_similarity(model: nn.Module, length: int, step: int = 1) -> Map | N
         raise ValueError(f"length must be in 1..{sites.max_length} (the positions this model reads); got {length}.")
     positions = torch.arange(0, length, step)
     with torch.no_grad():
-        result = POSITION_MAPS[method_of(model)](model, sites, positions)
+        result = position_map(model)(model, sites, positions)
     return None if result is None else (result[0].float(), result[1])
 
 
@@ -262,9 +203,14 @@ def plot_attention_by_distance(curves: dict[str, torch.Tensor], path: Path, laye
 # --- T5 buckets ---------------------------------------------------------------------------------------------------
 
 
+def has_t5_buckets(model: nn.Module) -> bool:
+    """Whether the model's own bias is T5's buckets (a t5-bias model; TUPE-R's buckets ride inside TUPE's)."""
+    return isinstance(getattr(find_sites(model).self_attentions()[0], "posswap_bias", None), T5Buckets)
+
+
 def t5_provider(model: nn.Module) -> T5Buckets:
     """The first layer's T5 buckets: a t5-bias model's (shared or per layer), or TUPE-R's relative part."""
-    provider = _first_provider(find_sites(model)) if method_of(model) in ("t5-bias", "tupe") else None
+    provider = getattr(find_sites(model).self_attentions()[0], "posswap_bias", None)
     provider = provider.relative if isinstance(provider, TupeBias) else provider
     if not isinstance(provider, T5Buckets):
         raise ValueError(f"This model ({method_of(model)}) has no T5 bucket bias; patch it with method t5-bias.")

@@ -334,7 +334,13 @@ class Study:
         from ..data.splits import load_text_dataset
         from ..evaluation.stream import resolve_device, token_stream
         from ..loading import from_pretrained
-        from .pictures import attention_by_distance, plot_attention_by_distance, plot_position_maps, plot_t5_buckets
+        from .pictures import (
+            attention_by_distance,
+            has_t5_buckets,
+            plot_attention_by_distance,
+            plot_position_maps,
+            plot_t5_buckets,
+        )
 
         window = EXTEND * spec.length
         ids = token_stream(load_text_dataset(spec.heldout_data)["text"], tokenizer, window)
@@ -347,7 +353,7 @@ class Study:
             length = min(window, getattr(model.config, "max_position_embeddings", window) or window)
             curves[name] = attention_by_distance(model.to(device), ids[:length].to(device)).cpu()
             model.to("cpu")
-            if (getattr(model.config, "posswap", None) or {}).get("method") == "t5-bias":
+            if has_t5_buckets(model):
                 plot_t5_buckets(model, out / f"t5_buckets_{name}.png", max_distance=window)
         plot_attention_by_distance(curves, out / "attention_by_distance.png")
         write_json(out / "attention_by_distance.json", {name: c.tolist() for name, c in curves.items()})
