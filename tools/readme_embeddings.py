@@ -143,9 +143,10 @@ def training_line(path: Path) -> str | None:
     part = max(1, len(run["losses"]) // 4)  # at least one step at each end
     block = run["recipe"].get("posswap") or {}
     init = block.get("mode") or block.get("method") or "unpatched"  # the command alone does not say: defaults change
+    cpu = f"{run['cpu_seconds'] / 60:.1f} min of CPU" if run.get("cpu_seconds") is not None else "CPU time not recorded"
     return (
         f"- Training ({path.parent.name}, {init} init): `{run['command']}`: {run['steps']} steps of {run['batch_size']} (passage, document) pairs, "
-        f"{run['wall_seconds'] / 60:.1f} min wall ({run['cpu_seconds'] / 60:.1f} min of CPU) on {run['machine']}; "
+        f"{run['wall_seconds'] / 60:.1f} min wall ({cpu}) on {run['machine']}; "
         f"loss, mean of the first and of the last quarter of the steps: {quarter(run['losses'][:part])} "
         f"-> {quarter(run['losses'][-part:])}."
     )
