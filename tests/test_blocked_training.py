@@ -270,15 +270,3 @@ def test_backend_eager_and_other_dtypes_keep_the_dense_path(monkeypatch, calls):
     assert calls.count == 0
     first(patched("gpt2", "t5-bias").train()(input_ids=token_ids(40))).sum().backward()
     assert calls.count == 2
-
-
-def testdiagonal_sums_equal_the_sums_by_index():
-    """The table gradient of contiguous positions sums each block's score gradients along its diagonals."""
-    from posswap.portable.posswap_blocked_grad import diagonal_sums
-
-    scores = torch.randn(3, 5, 7)
-    expected = torch.zeros(3, 5 + 7 - 1)
-    for r in range(5):
-        for j in range(7):
-            expected[:, r + j] += scores[:, r, j]
-    torch.testing.assert_close(diagonal_sums(scores), expected)

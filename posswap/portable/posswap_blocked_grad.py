@@ -190,26 +190,12 @@ def _table_grad(d_table, d_scores, mask, plan: Plan, rows, keys: int, q_len: int
     ``masked_fill`` gives the bias no gradient where it masks, even on a padded row with every key masked)."""
     if mask is not None:
         d_scores = d_scores.masked_fill(~mask, 0.0)
-    if plan.q_pos is None:  # contiguous positions: column r + jj + offset, a diagonal of the block
-        offset = k_len - q_len + rows[0] - keys + 1 - plan.lo
-        sums = diagonal_sums(d_scores.sum(0))
-        d_table[:, offset : offset + sums.shape[1]] += sums
-        return
     index = _block_index(plan, rows, keys, q_len, k_len)
     if index.shape[0] == 1 and d_scores.shape[0] > 1:  # one index for the batch: its sum
         d_scores = d_scores.sum(0, keepdim=True)
     heads = d_table.shape[0]
     flat = d_scores.transpose(0, 1).reshape(heads, -1)
     d_table.index_add_(1, index.expand(d_scores.shape[0], -1, -1).reshape(-1), flat)
-
-
-def diagonal_sums(scores: torch.Tensor) -> torch.Tensor:
-    """(heads, R + K - 1): column c sums ``scores[:, r, c - r]`` of (heads, R, K) scores. Padding each row with R
-    zeros and reading the buffer R + K - 1 wide shifts row r by r: element (r, j) lands in column r + j. A
-    scatter-add (index_add_) by index does the same, several times slower on CPU."""
-    heads, rows, keys = scores.shape
-    padded = torch.nn.functional.pad(scores, (0, rows)).reshape(heads, -1)[:, : rows * (rows + keys - 1)]
-    return padded.view(heads, rows, rows + keys - 1).sum(1)
 
 
 def _each_block(plan: Plan, table, shape: tuple[int, ...], k_len: int, rows: int):
