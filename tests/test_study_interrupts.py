@@ -83,11 +83,11 @@ def install(config: dict) -> None:
         now.update(run=name, step=0)
         return train_and_probe(base, spec, name, seed)
 
-    def copying_step(model, optimizer, ids):
+    def copying_step(model, optimizer, ids, **distill):
         now["step"] += 1
         if now["run"] == gate and now["step"] == 2:
             stop_here()
-        return train_step(model, optimizer, ids)
+        return train_step(model, optimizer, ids, **distill)
 
     def text_run(recipe, raw=None, *args, callbacks=(), **kwargs):
         if Path(recipe.train.output_dir).name == gate:
