@@ -1,5 +1,6 @@
-"""posswap: swap the learned position table of pretrained BERT-family and GPT-2 checkpoints for one that
-reaches further (an extended table, RoPE, ALiBi, a fixed sinusoid, or none), then train, evaluate and share the result."""
+"""posswap: swap the learned position table of pretrained BERT-family and GPT-2 checkpoints for one that reaches
+further (a longer table, RoPE, ALiBi, T5 bias, TUPE, a fixed sinusoid or none), then train, evaluate and share the
+result."""
 
 from . import methods  # noqa: F401  (registers every method)
 from .config import PositionConfig, config_from_dict

@@ -183,3 +183,16 @@ def test_embedding_tables_in_readme_and_docs_match_their_json():
         assert f"<!-- posswap:embeddings-{name} -->" in (ROOT / "docs" / "embeddings.md").read_text()
     assert "<!-- posswap:embeddings-passkey-summary -->" in (ROOT / "README.md").read_text()
     assert tool.main(["--check", *files]) == 0
+
+
+def test_one_description_of_posswap_everywhere():
+    """pyproject's description, the site's and the package docstring's say the same thing in the same words."""
+    import tomllib
+
+    import posswap
+
+    described = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["description"]
+    site = next(line for line in (ROOT / "mkdocs.yml").read_text().splitlines() if line.startswith("site_description:"))
+    docstring = " ".join(posswap.__doc__.split()).removeprefix("posswap: ")
+    assert site.removeprefix("site_description: ") == described
+    assert docstring == described[0].lower() + described[1:]
