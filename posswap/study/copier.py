@@ -10,7 +10,6 @@ every window carry that signal. One copied span per window gave too little signa
 
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..files import write_folder
+from ..loading import quiet_transformers
 
 COPIER_FILE = "copier.json"  # beside the weights: the recipe and the probe check that passed
 
@@ -154,20 +154,6 @@ def load_copier(folder: Path, recipe: CopierRecipe):
         model = GPT2LMHeadModel.from_pretrained(folder)
     model.loss_type = "ForCausalLM"
     return model.eval()
-
-
-@contextlib.contextmanager
-def quiet_transformers():
-    """No "Loading weights" or "Writing model shards" bar for a folder the study writes and reads itself."""
-    from transformers.utils import logging
-
-    shown = logging.is_progress_bar_enabled()
-    logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if shown:
-            logging.enable_progress_bar()
 
 
 SHIPPED = Path(__file__).resolve().parent.parent / "data" / "copier"  # the default recipe's copier, as built here
