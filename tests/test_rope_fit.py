@@ -112,3 +112,25 @@ def test_the_patched_first_layer_rebuilds_the_tables_logits(init, at_least, at_m
 def test_fit_refuses_a_kept_table():
     with pytest.raises(ValueError, match="init='fit' rebuilds what the dropped table did"):
         posswap.RopeConfig(max_length=512, init="fit", absolute="keep")
+
+
+def test_a_partial_fit_writes_its_rotary_dims_only():
+    """rotary_dim=0.5 (the copying study's rope-fit-partial): the fit rebuilds what half the frequencies can (far
+    more than RoPE alone), and each head's unrotated dims keep their q/k biases."""
+    model = positional_gpt2()
+    target, counts, _ = distance_profile(first_layer_logits(model), causal=True)
+    posswap.patch(model, posswap.RopeConfig(max_length=4 * WINDOW, init="fit", rotary_dim=0.5))
+    got, _, _ = distance_profile(first_layer_logits(model), causal=True)
+    assert r_squared(got, target, counts) >= 0.5
+
+    model = positional_gpt2()
+    bias = model.transformer.h[0].attn.c_attn.bias
+    with torch.no_grad():
+        bias.normal_()
+    before = bias.detach().clone().view(3, HEADS, HEAD_DIM)
+    posswap.patch(model, posswap.RopeConfig(max_length=4 * WINDOW, init="fit", rotary_dim=0.5))
+    after = model.transformer.h[0].attn.c_attn.bias.detach().view(3, HEADS, HEAD_DIM)
+    half = HEAD_DIM // 2
+    torch.testing.assert_close(after[:2, :, half:], before[:2, :, half:], rtol=0, atol=0)  # q, k: unrotated dims
+    torch.testing.assert_close(after[2], before[2], rtol=0, atol=0)  # v untouched
+    assert not torch.equal(after[:2, :, :half], before[:2, :, :half])  # the rotary dims: the fitted biases

@@ -93,6 +93,11 @@ ROPE_RECIPES = {
     "rope-partial-keep-plr": ({"rotary_dim": 0.25, "absolute": "keep"}, Schedule(position_lr=3e-3)),
     # The table dropped, its first-layer position-position logits rebuilt by rotated q/k biases (init="fit").
     "rope-fit": ({"init": "fit"}, Schedule(lr=1e-3)),
+    # The fit on half (a quarter) of each head's dims: the fitted biases carry the first layer's positional heads,
+    # the unrotated dims let the second layer match content at any distance (trained windows repeat within 0.5x... 2x).
+    "rope-fit-partial": ({"init": "fit", "rotary_dim": 0.5}, Schedule(lr=1e-3)),
+    "rope-fit-quarter": ({"init": "fit", "rotary_dim": 0.25}, Schedule(lr=1e-3)),
+    "rope-fit-partial-distill": ({"init": "fit", "rotary_dim": 0.5}, Schedule(lr=1e-3, distill=1.0)),
     # The same with the unpatched copier as teacher on each window's first 1x (issue 32).
     "rope-distill": ({}, Schedule(lr=1e-3, distill=1.0)),
     "rope-fit-distill": ({"init": "fit"}, Schedule(lr=1e-3, distill=1.0)),
