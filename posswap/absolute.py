@@ -13,6 +13,9 @@ from .portable.posswap_architectures import Sites
 from .portable.posswap_functional import resample_positions
 from .portable.posswap_tables import ABSOLUTE_CHOICES
 
+# The help of the ``absolute`` option, one text for every method that has it (one name, one meaning).
+ABSOLUTE_HELP = "The learned position table: drop (remove it; default) or keep (keep it, extended by copying rows)."
+
 
 def check_absolute(sites: Sites, absolute: str) -> None:
     check_choice("absolute", absolute, ABSOLUTE_CHOICES)

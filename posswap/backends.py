@@ -11,6 +11,9 @@ from torch import nn
 
 from .portable.posswap_attention import BIAS_IMPLEMENTATIONS
 
+# The help of the ``backend`` option, one text for every method that has it (one name, one meaning).
+BACKEND_HELP = "Attention kernel: sdpa, flex or eager; default: what the model was loaded with."
+
 
 def check_backend(model: nn.Module, backend: str | None) -> None:
     """Before patching: can this model run ``backend``?"""

@@ -48,24 +48,25 @@ def _cmd_patch(args: argparse.Namespace) -> None:
     config = config_from_dict({"method": args.method, **_chosen_options(args)})
     source = _model_source(args.model)
     check_folder_target(args.out, args.overwrite, source)
-    check_no_shrink(source, config.max_length, args.allow_shrink)
+    own = check_no_shrink(source, config.max_length, args.allow_shrink)
     from .loading import patch_folder
 
+    # The length under the name the user gave it (--max-length), not max_position_embeddings: RoBERTa's counts
+    # two padding rows more.
     done = patch_folder(source, config, args.out, args.overwrite)  # None: not a sentence-transformers model
     if done is not None:
-        model, before, after = done
+        model = done[0]
         print(
-            f"Patched {args.model} ({type(model).__name__}) with {config.method}: max_position_embeddings {before} -> "
-            f"{after}, max_seq_length {model.max_seq_length}. Saved to {args.out}"
+            f"Patched {args.model} ({type(model).__name__}) with {config.method}: max_length {own} -> "
+            f"{config.max_length}, max_seq_length {model.max_seq_length}. Saved to {args.out}"
         )
         return
     model, tokenizer = load_model_and_tokenizer(source)
-    before = model.config.max_position_embeddings
     patch(model, config, tokenizer=tokenizer)  # checks the memory it needs before allocating
     save_model_and_tokenizer(model, tokenizer, args.out, overwrite=args.overwrite, source=source)
     print(
         f"Patched {args.model} ({type(model).__name__}) with {config.method}: "
-        f"max_position_embeddings {before} -> {model.config.max_position_embeddings}. Saved to {args.out}"
+        f"max_length {own} -> {config.max_length}. Saved to {args.out}"
     )
 
 
@@ -238,6 +239,12 @@ def _add_demo(commands) -> None:
     d.add_argument("--task", choices=["passkey", "needle"], default="passkey", help="Retrieval task (default passkey).")
     d.add_argument("--out", default="out/demo", help="Run folder: train/ (the model) and results/ (default out/demo).")
     d.add_argument("--overwrite", action="store_true", help="Train again over the model an earlier demo left.")
+    d.add_argument(  # the demo's length is its recipe's now (the README's numbers are at that length)
+        "--max-length",
+        action=Renamed,
+        message="posswap demo no longer takes --max-length: it reads the minilm-embed-2k recipe's 2048 tokens; for "
+        "another length run posswap train minilm-embed-2k --set posswap.max_length=N.",
+    )
     d.set_defaults(run=_cmd_demo)
 
 

@@ -5,15 +5,19 @@ each option's help and rule), its checks and weight changes, its study variants,
 and an example config (the factory the common tests run). Its run time registers on the portable side, in its
 own ``portable/posswap_<name>.py`` (``posswap_registry.installer``; saved models carry it, so it cannot import
 this table), imported by ``portable/posswap_methods.py``. ``tests/test_registry.py`` fails naming what is missing.
+A method registered from outside posswap brings its run time as one file (``runtime_module``, see
+``runtime_modules.py``), which its saved folders carry.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .portable.posswap_registry import BLOCK_CHECKS, SCHEMAS, register_schema, unregister
+from .portable.posswap_registry import BLOCK_CHECKS, SCHEMAS, carry, register_schema, unregister
+from .runtime_modules import forget_runtime_module, load_runtime_module
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,8 @@ class MethodSpec:
     # export_refusal(config) -> None where `posswap export` writes an exact native folder for a model patched
     # with this config, else why not; None (no function): no native architecture computes these positions.
     export_refusal: Callable[[object], str | None] | None = None
+    # The module a method from outside posswap runs (register_method's runtime_module), which its folders carry.
+    runtime_module: str | None = None
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -65,23 +71,23 @@ def register_method(
     position_map: Callable | None = None,
     example: Callable[[int], object] | None = None,
     export_refusal: Callable | None = None,
+    runtime_module: str | os.PathLike | None = None,
 ) -> MethodSpec:
+    """Register a method (see docs/methods-internals.md). ``runtime_module``: for a method from outside posswap,
+    the ``.py`` file of its run time (``runtime_modules.py``), loaded here and carried by its saved folders; without
+    it, such a method's folders load with ``posswap.from_pretrained`` only."""
     name = config_class.method
-    if name in METHODS:
-        raise ValueError(f"Method {name!r} is already registered.")
-    taken = {v for spec in METHODS.values() for v in spec.variants} & set(variants)
-    if not variants or taken:
-        raise ValueError(
-            f"Method {name!r} needs study variants of its own; got {sorted(variants)} ({sorted(taken)} taken)."
-        )
-    schema = method_schema(config_class)
-    unknown = sorted(r["name"] for r in schema.values() if r["kind"] == "check" and r["name"] not in BLOCK_CHECKS)
-    if unknown:
-        raise ValueError(
-            f"Method {name!r} names block checks nobody registered: {', '.join(unknown)} (posswap_registry.block_check "
-            "in its run-time module)."
-        )
-    if name not in SCHEMAS:  # a method from outside posswap: its saved keys, from its config class
+    _check_new(name, variants)
+    module = load_runtime_module(name, runtime_module) if runtime_module is not None else None
+    try:
+        schema = _saved_keys(name, config_class)
+    except ValueError:
+        if module is not None:
+            forget_runtime_module(name, module.__name__)
+        raise
+    if module is not None:
+        carry(name, schema)
+    elif name not in SCHEMAS:  # a method from outside posswap: its saved keys, from its config class
         register_schema(name, schema)
     spec = MethodSpec(
         name,
@@ -94,14 +100,39 @@ def register_method(
         position_map,
         example,
         export_refusal,
+        module.__name__ if module is not None else None,
     )
     METHODS[name] = spec
     return spec
 
 
+def _check_new(name: str, variants: dict[str, dict]) -> None:
+    if name in METHODS:
+        raise ValueError(f"Method {name!r} is already registered.")
+    taken = {v for spec in METHODS.values() for v in spec.variants} & set(variants)
+    if not variants or taken:
+        raise ValueError(
+            f"Method {name!r} needs study variants of its own; got {sorted(variants)} ({sorted(taken)} taken)."
+        )
+
+
+def _saved_keys(name: str, config_class: type) -> dict[str, dict]:
+    """The config class's saved-block rules, once every block check they name is registered."""
+    schema = method_schema(config_class)
+    unknown = sorted(r["name"] for r in schema.values() if r["kind"] == "check" and r["name"] not in BLOCK_CHECKS)
+    if unknown:
+        raise ValueError(
+            f"Method {name!r} names block checks nobody registered: {', '.join(unknown)} (posswap_registry.block_check "
+            "in its run-time module)."
+        )
+    return schema
+
+
 def unregister_method(name: str) -> None:
     """Forget a method, its run time and its saved keys (a throwaway method a test registered)."""
-    METHODS.pop(name, None)
+    spec = METHODS.pop(name, None)
+    if spec is not None and spec.runtime_module is not None:
+        forget_runtime_module(name, spec.runtime_module)
     unregister(name)
 
 

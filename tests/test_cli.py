@@ -38,7 +38,7 @@ def test_cli_patch_saves_model_and_tokenizer(tiny_gpt2_dir, tmp_path, capsys):
         ]
     )
     assert code == 0
-    assert "max_position_embeddings 32 -> 128" in capsys.readouterr().out
+    assert "max_length 32 -> 128" in capsys.readouterr().out
     model = posswap.from_pretrained(str(out))
     assert isinstance(model, transformers.GPT2LMHeadModel)
     assert model.config.posswap["mode"] == "linear"

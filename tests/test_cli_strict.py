@@ -118,7 +118,7 @@ def test_allow_shrink_shrinks(models, tmp_path, capsys, method):
     out = tmp_path / "out"
     argv = ["patch", models / "gpt2", "--method", method, "--max-length", 16, "--out", out, "--allow-shrink"]
     assert main([str(a) for a in argv]) == 0, capsys.readouterr().err
-    assert f"max_position_embeddings {LENGTH} -> 16" in capsys.readouterr().out
+    assert f"max_length {LENGTH} -> 16" in capsys.readouterr().out
     assert json.loads((out / "config.json").read_text())["n_positions"] == 16
 
 

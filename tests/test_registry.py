@@ -113,3 +113,26 @@ def test_registration_refuses_a_method_without_variants_or_with_a_taken_one():
     with pytest.raises(ValueError, match="taken"):
         register_method(Fake, lambda *a: None, lambda *a: None, variants={"rope": {}})
     assert "fake" not in METHODS
+
+
+def shared_option_labels() -> dict[str, dict[str, list[str]]]:
+    """Option name -> the label of its help (the words before the first colon) -> the methods saying it, for each
+    option that several methods have."""
+    labels: dict[str, dict[str, list[str]]] = {}
+    for spec in METHODS.values():
+        for f in dataclasses.fields(spec.config_class):
+            label = f.metadata.get("help", "").split(":")[0]
+            labels.setdefault(f.name, {}).setdefault(label, []).append(spec.name)
+    return {name: by_label for name, by_label in labels.items() if sum(map(len, by_label.values())) > 1}
+
+
+def test_an_option_several_methods_have_means_one_thing():
+    """One name per idea: `posswap patch` has one flag per option name (--mode, --theta), so an option that
+    several methods have names one idea in each, the label its help starts with."""
+    shared = shared_option_labels()
+    assert {"max_length", "mode", "theta", "absolute", "backend", "init"} <= set(shared)
+    two = {name: by_label for name, by_label in shared.items() if len(by_label) > 1}
+    assert not two, f"one option name, several meanings (rename the option of the other meaning): {two}"
+    assert list(shared["theta"]) == ["Frequency base"] and list(shared["mode"]) == [
+        "How the learned table grows to max_length"
+    ]

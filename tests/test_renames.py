@@ -57,6 +57,7 @@ def test_old_names_in_python_are_one_line_naming_the_new_one():
         ),
         (["study", "--base", "gpt2"], "--base was renamed --model"),
         (["study", "--budget", "long"], "--budget was renamed --phase"),
+        (["demo", "--max-length", "4096"], "posswap demo no longer takes --max-length: it reads the minilm-embed-2k"),
         (["export", "m", "--out", "o", "--push", "me/x"], "export no longer pushes; run posswap push OUT REPO_ID"),
         (["study", "--variants", "rope,alibi"], "not commas: --variants rope alibi"),
         (["study", "--model", "gpt2,minilm"], "not commas: --model gpt2 minilm"),

@@ -309,7 +309,7 @@ def test_a_bad_config_leaves_the_sentence_transformer_untouched(minilm_path):
 def test_cli_patch_writes_a_sentence_transformers_folder(minilm_path, tmp_path, capsys):
     out = tmp_path / "minilm-alibi-1k"
     assert cli.main(["patch", minilm_path, "--method", "alibi", "--max-length", "1024", "--out", str(out)]) == 0
-    assert "max_position_embeddings 512 -> 1024, max_seq_length 1024" in capsys.readouterr().out
+    assert "max_length 512 -> 1024, max_seq_length 1024" in capsys.readouterr().out
     assert {
         "modules.json",
         "1_Pooling",

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ..absolute import check_absolute, keep_table, planned_table_weight
-from ..backends import check_bias_backend, resolve_bias_backend
+from ..absolute import ABSOLUTE_HELP, check_absolute, keep_table, planned_table_weight
+from ..backends import BACKEND_HELP, check_bias_backend, resolve_bias_backend
 from ..config import PositionConfig
 from ..portable.posswap_architectures import Sites
 from ..portable.posswap_attention import BACKENDS, bias_map
@@ -32,14 +32,14 @@ class AlibiConfig(PositionConfig):
     absolute: str = field(
         default="drop",
         metadata={
-            "help": "drop: remove the learned position table (default); keep: keep it, extended by copying rows.",
+            "help": ABSOLUTE_HELP,
             "rule": choice(*ABSOLUTE_CHOICES),
         },
     )
     backend: str | None = field(
         default=None,
         metadata={
-            "help": "ALiBi attention kernel: sdpa, flex or eager; default: what the model was loaded with.",
+            "help": BACKEND_HELP,
             "rule": choice(*BACKENDS, optional=True),
         },
     )

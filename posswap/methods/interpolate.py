@@ -28,9 +28,9 @@ class InterpolateConfig(PositionConfig):
     mode: str = field(
         default="copy",
         metadata={
-            "help": "copy: tile the old rows (Longformer); linear / cubic: resample the table (position interpolation); "
-            "stride: old row i at position k*i, k = max_length // old, the rows between interpolated (LongEmbed's "
-            "E5-Base-4k).",
+            "help": "How the learned table grows to max_length: copy (tile the old rows, Longformer), linear or cubic "
+            "(resample it: position interpolation), stride (old row i at position k*i, k = max_length // old, the rows "
+            "between interpolated: LongEmbed's E5-Base-4k).",
             "rule": choice(*RESAMPLE_MODES),
         },
     )

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..absolute import check_absolute, keep_table, planned_table_weight
-from ..backends import check_backend
+from ..absolute import ABSOLUTE_HELP, check_absolute, keep_table, planned_table_weight
+from ..backends import BACKEND_HELP, check_backend
 from ..config import PositionConfig
 from ..portable.posswap_architectures import Sites
 from ..portable.posswap_attention import BACKENDS
@@ -32,7 +32,11 @@ class RopeConfig(PositionConfig):
 
     theta: float = field(
         default=10000.0,
-        metadata={"help": "RoPE frequency base (transformers' rope_theta).", "rule": number(above=1)},
+        metadata={
+            "help": "Frequency base: rotation frequency i of d/2 is theta^(-2i/d) rad per position (transformers' "
+            "rope_theta).",
+            "rule": number(above=1),
+        },
     )
     rotary_dim: float | int | None = field(
         default=None,
@@ -58,22 +62,22 @@ class RopeConfig(PositionConfig):
     absolute: str = field(
         default="drop",
         metadata={
-            "help": "drop: remove the learned table; keep: keep it, extended by copy.",
+            "help": ABSOLUTE_HELP,
             "rule": choice(*ABSOLUTE_CHOICES),
         },
     )
     backend: str | None = field(
         default=None,
         metadata={
-            "help": "Attention kernel: sdpa, flex or eager; default: as loaded.",
+            "help": BACKEND_HELP,
             "rule": choice(*BACKENDS, optional=True),
         },
     )
     init: str | None = field(
         default=None,
         metadata={
-            "help": "fit: first-layer q/k biases whose rotation rebuilds the dropped table's position-position "
-            "logits per distance (absolute=drop only); default: the weights as they are.",
+            "help": "How the new position parameters start: fit (first-layer q/k biases whose rotation rebuilds "
+            "the dropped table's position-position logits per distance; absolute=drop only); default: the weights as they are.",
             "rule": choice(*ROPE_INITS, optional=True),
         },
     )

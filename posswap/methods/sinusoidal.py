@@ -23,7 +23,7 @@ class SinusoidalConfig(PositionConfig):
     theta: float = field(
         default=10000.0,
         metadata={
-            "help": "Frequency base: dims 2i and 2i+1 turn at theta^(-2i/d) rad per position.",
+            "help": "Frequency base: dims 2i and 2i+1 turn at theta^(-2i/d) rad per position, as RoPE's theta.",
             "rule": number(above=1, required=True),
         },
     )

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..absolute import check_absolute, keep_table, planned_table_weight
-from ..backends import check_bias_backend, resolve_bias_backend
+from ..absolute import ABSOLUTE_HELP, check_absolute, keep_table, planned_table_weight
+from ..backends import BACKEND_HELP, check_bias_backend, resolve_bias_backend
 from ..config import PositionConfig
 from ..portable.posswap_architectures import Sites
 from ..portable.posswap_attention import BACKENDS, bias_map
@@ -62,21 +62,22 @@ class T5BiasConfig(PositionConfig):
     absolute: str = field(
         default="drop",
         metadata={
-            "help": "drop: remove the learned table (default); keep: keep it, extended by copy.",
+            "help": ABSOLUTE_HELP,
             "rule": choice(*ABSOLUTE_CHOICES),
         },
     )
     init: str = field(
         default="zeros",
         metadata={
-            "help": "Starting biases: zeros, or fit (per-bucket means of the original's first-layer position-position logits).",
+            "help": "How the new position parameters start: zeros, or fit (per-bucket means of the original's first-layer "
+            "position-position logits).",
             "rule": choice(*INITS),
         },
     )
     backend: str | None = field(
         default=None,
         metadata={
-            "help": "Attention kernel: sdpa, flex or eager; default: what the model was loaded with.",
+            "help": BACKEND_HELP,
             "rule": choice(*BACKENDS, optional=True),
         },
     )

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..architectures import embedding_projection, first_layer_qk
-from ..backends import check_bias_backend, resolve_bias_backend
+from ..backends import BACKEND_HELP, check_bias_backend, resolve_bias_backend
 from ..config import PositionConfig
 from ..memory import resampled_table_bytes_per_row
 from ..portable.posswap_architectures import Sites
@@ -48,14 +48,15 @@ class TupeConfig(PositionConfig):
     mode: str = field(
         default="copy",
         metadata={
-            "help": "How the learned table is extended to max_length: copy (tile), linear or cubic (resample).",
+            "help": "How the learned table grows to max_length: copy (tile the old rows), linear or cubic (resample it), "
+            "as interpolate's mode (stride is interpolate's alone).",
             "rule": choice(*RESAMPLE_MODES),
         },
     )
     backend: str | None = field(
         default=None,
         metadata={
-            "help": "Attention kernel: sdpa, flex or eager; default: what the model was loaded with.",
+            "help": BACKEND_HELP,
             "rule": choice(*BACKENDS, optional=True),
         },
     )

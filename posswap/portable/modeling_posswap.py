@@ -22,6 +22,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, mo
 
 from .posswap_architectures import ARCHITECTURES
 from .posswap_block import check_block, describe, migrate_block, weights_mismatch
+from .posswap_carry import carry_method
 from .posswap_runtime import install_positions, needs_runtime_code
 from .posswap_state import forward_through_hooks
 
@@ -56,6 +57,12 @@ class PosswapConfigMixin:
             if model_type in table
         }
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' own (which copies this file and its imports), then the run-time module of a method
+        registered outside posswap, which those imports do not reach (posswap_carry)."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        carry_method(getattr(self, "posswap", None), save_directory)
 
     @classmethod
     def get_config_dict(cls, *args, **kwargs):  # from_pretrained's model_type check reads this

@@ -69,9 +69,9 @@ def check_block(block: Any, where: str, config: Any = None) -> None:
     if method not in SCHEMAS:
         raise ValueError(
             f"{where}/config.json: the 'posswap' block has method {method!r}, which this code does not know (its "
-            f"methods: {', '.join(SCHEMAS)}). A method registered outside posswap is not carried in saved folders: "
-            "load the folder with posswap.from_pretrained where that method is registered, or re-save the model with "
-            "a method of posswap's."
+            f"methods: {', '.join(SCHEMAS)}). A method registered outside posswap is carried in saved folders only "
+            "with its run-time file (register_method(..., runtime_module=path)): load the folder with "
+            "posswap.from_pretrained where that method is registered, or register it so and save the model again."
         )
     keys = {**COMMON_KEYS, **SCHEMAS[method]}
     unknown = sorted(set(block) - set(keys) - {"method"})

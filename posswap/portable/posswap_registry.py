@@ -2,8 +2,9 @@
 
 A method's run-time module (``posswap_<name>.py``) registers here, with :func:`installer` (how a model runs it),
 :func:`block_check` (a check of its saved block that one rule cannot say, e.g. one key bounded by another) and,
-for a method from outside posswap, :func:`register_schema` (its saved keys). posswap's own methods' saved keys
-are in the generated ``posswap_schema.py``. ``posswap_methods.py`` imports every run-time module once.
+for a method from outside posswap, :func:`register_schema` (its saved keys) or :func:`carry` (its saved keys, and
+its run-time module travels with saved folders: ``posswap_carry.py``). posswap's own methods' saved keys are in the
+generated ``posswap_schema.py``. ``posswap_methods.py`` imports every run-time module once.
 
 It travels with saved models (``posswap/portable``), so it imports nothing from posswap.
 """
@@ -24,6 +25,8 @@ RUNTIME_CODE: dict[str, Callable[[dict], bool]] = {}
 SCHEMAS: dict[str, dict[str, dict]] = {method: dict(keys) for method, keys in SCHEMA.items()}
 # name -> check(value, block) -> problem or None: the checks the rule kind "check" names.
 BLOCK_CHECKS: dict[str, Callable] = {}
+# Methods from outside posswap whose run-time module (the one defining their installer) saved folders carry.
+CARRIED: set[str] = set()
 
 
 def installer(method: str, *, keeps_table: bool = False, runtime_code: Callable[[dict], bool] | None = None):
@@ -57,10 +60,18 @@ def register_schema(method: str, keys: dict[str, dict]) -> None:
     SCHEMAS[method] = dict(keys)
 
 
+def carry(method: str, keys: dict[str, dict]) -> None:
+    """A method from outside posswap whose installer's module is self-contained (register_method's runtime_module,
+    or a saved folder's own ``posswap_outside_methods.py``): its saved keys, and saved folders carry that module."""
+    register_schema(method, keys)
+    CARRIED.add(method)
+
+
 def unregister(method: str) -> None:
     """Forget a method's run time and saved keys (a throwaway method registered by a test)."""
     for table in (INSTALLERS, RUNTIME_CODE):
         table.pop(method, None)
     KEEPS_TABLE.discard(method)
+    CARRIED.discard(method)
     if method not in SCHEMA:
         SCHEMAS.pop(method, None)

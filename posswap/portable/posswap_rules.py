@@ -14,6 +14,7 @@ It travels with saved models (``posswap/portable``), so it imports nothing from 
 
 from __future__ import annotations
 
+import json
 import math
 import operator
 from typing import Any
@@ -116,3 +117,16 @@ def block_problem(value, rule: dict, block: dict) -> str | None:
     if problem and rule.get("optional") and rule["kind"] != "choice":
         problem += " (or null)"
     return problem
+
+
+def literal(value) -> str:
+    """``value`` (str, number, bool, None, tuple, dict of those) as Python source, in ruff's format."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{literal(k)}: {literal(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(map(literal, value)) + ("," if len(value) == 1 else "") + ")"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)
+    raise TypeError(f"A rule holds plain data only, not {type(value).__name__}: {value!r}.")
