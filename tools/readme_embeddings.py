@@ -41,6 +41,7 @@ RECIPE_RUN = "trained-exact"
 # The stock model's chunk baselines (posswap eval posswap:minilm --baselines chunk-mean chunk-max), and the long
 # models with their late chunks (--baselines late-chunk-max), on the same documents.
 CHUNKING = ("baselines/{task}", "late-chunks/{task}")
+LONG_RECIPE = "embeddings-4k"  # beside the 2k results: minilm-embed-4k, one run, both tasks, to 4096 tokens
 STOCK = "minilm-512"  # the stock weights reading 512 tokens (the shipped folder says 256: minilm)
 
 
@@ -326,6 +327,18 @@ def demo_block(root: Path) -> list[str]:
     ]
 
 
+def long_recipe_block(root: Path) -> list[str]:
+    """The 4096-token recipe (``results/embeddings-4k/``): per task its table beside the stock model's chunks and
+    its own late chunks, the line that says which wins per length, and the training run."""
+    lines: list[str] = []
+    for task in ("passkey", "needle"):
+        folder = root / task
+        if (folder / "retrieval.json").is_file():
+            results = load(folder)
+            lines += [*table(results), "", caption(results), "", verdict_line(results), ""]
+    return [*lines, *filter(None, [training_line(root / "training.json")])]
+
+
 def blocks(results: Path, speed: Path) -> dict[str, list[str]]:
     chunking = {
         f"{task}-chunking": chunking_block(results, task)
@@ -341,6 +354,7 @@ def blocks(results: Path, speed: Path) -> dict[str, list[str]]:
         "needle": retrieval_block(results, "needle"),
         "speed": speed_block(speed),
         **({"demo": demo_block(results.parent / "demo")} if (results.parent / "demo" / "demo.json").is_file() else {}),
+        **({"4k": long_recipe_block(long)} if ((long := results.parent / LONG_RECIPE) / "training.json").is_file() else {}),
     }
 
 
