@@ -84,7 +84,8 @@ def test_the_copying_pages_quote_the_copying_tables_as_their_json_gives_them(pag
     text = (DOCS / "study" / f"{page}.md").read_text()
     for line in copying_table(json.loads((RESULTS / folder / "copying.json").read_text())):
         assert line in text, f"docs/study/{page}.md lacks or changed this line of results/{folder}/copying.json: {line}"
-    assert f"posswap study --preset {page}" in text
+    command = COPYING_PAGES[page][2]
+    assert command.startswith("posswap study --preset ") and f"Reproduce: `{command}`" in text
 
 
 def test_a_changed_number_in_the_json_changes_the_page(tmp_path):

@@ -201,3 +201,14 @@ def test_a_wrong_mapping_is_caught_by_the_logit_check(tmp_path, monkeypatch, mod
     with pytest.raises(ValueError, match="differs from the posswap model by .* nothing was written"):
         posswap.export(model, tmp_path / "out")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_recommended_rope_retrofit_exports_to_gpt_neox(tmp_path):
+    """RopeConfig(init="fit", rotary_dim=0.5) (docs/methods/rope.md): the fitted first-layer q/k biases travel as
+    GPT-NeoX's qkv bias, and the native model gives the patched model's logits."""
+    model = rope_gpt2(init="fit", rotary_dim=0.5)
+    result = posswap.export(model, tmp_path / "neox")
+    assert result.architecture == "GPTNeoXForCausalLM" and result.max_difference < 1e-4
+    native = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "neox").eval()
+    ids = token_ids(LENGTH)
+    torch.testing.assert_close(native(ids).logits, model(ids).logits, atol=1e-4, rtol=0)

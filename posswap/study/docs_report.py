@@ -29,6 +29,13 @@ COPYING_PAGES = {  # page -> (committed results folder, title, the command, wher
         "posswap study --preset copying-rope",
         "results/copying-rope",
     ),
+    "copying-rope-seeds": (
+        "copying-rope-fit/partial-three-seeds",
+        "The copying study: RoPE fitted to the table, three seeds",
+        "posswap study --preset copying-rope --variants rope-fit-partial rope-fit-partial-distill --seeds 3 "
+        "--out results/copying-rope-fit/partial-three-seeds",
+        "results/copying-rope-fit/partial-three-seeds",
+    ),
 }
 TEXT_PAGES = {  # page -> (base, title)
     "gpt2": ("gpt2", "The text study: the reference GPT-2"),
