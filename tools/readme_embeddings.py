@@ -354,7 +354,11 @@ def blocks(results: Path, speed: Path) -> dict[str, list[str]]:
         "needle": retrieval_block(results, "needle"),
         "speed": speed_block(speed),
         **({"demo": demo_block(results.parent / "demo")} if (results.parent / "demo" / "demo.json").is_file() else {}),
-        **({"4k": long_recipe_block(long)} if ((long := results.parent / LONG_RECIPE) / "training.json").is_file() else {}),
+        **(
+            {"4k": long_recipe_block(long)}
+            if ((long := results.parent / LONG_RECIPE) / "training.json").is_file()
+            else {}
+        ),
     }
 
 
