@@ -243,11 +243,11 @@ class BlockedBiasAttention(torch.autograd.Function):
         grads = torch.empty_like(query), torch.zeros_like(k_rev), torch.zeros_like(v_rev)
         d_table = torch.zeros_like(masked) if ctx.needs_input_grad[3] else None
         dead = bool((lse <= torch.finfo(lse.dtype).min / 2).any())
-        if _FLASH_BACKWARD is not None and not dead and plan.dropout <= 0:  # torch's kernel for q, k, v
+        if (
+            d_table is None and _FLASH_BACKWARD is not None and not dead and plan.dropout <= 0
+        ):  # torch's kernel: no score gradient kept
             _flash_backward(plan, masked, (query, k_rev, v_rev, out, lse), grad_out, grads)
-            if d_table is not None:
-                _recomputed_table_grad(plan, masked, (query, k_rev, v_rev, out, lse), grad_out, d_table)
-            return grads[0], grads[1].flip(2), grads[2].flip(2), d_table, None, None
+            return grads[0], grads[1].flip(2), grads[2].flip(2), None, None, None
         delta = (grad_out * out).sum(-1, keepdim=True)  # rowsum(dO * O) = rowsum(P * dP)
         ones = k_rev.new_ones(*k_rev.shape[:3], 1)
         k_rev, v_rev = torch.cat([k_rev, ones], -1), torch.cat([v_rev, ones], -1)
@@ -259,8 +259,8 @@ class BlockedBiasAttention(torch.autograd.Function):
             )  # fmt: skip
             if d_table is not None:
                 _table_grad(d_table, d_scores, mask, plan, block, ks.stop - ks.start, query.shape[2], k_len)
-        if d_table is not None:
-            _drop_cut_distances(d_table, plan)
+        if d_table is not None and plan.q_pos is None and plan.causal and plan.mask is None:
+            d_table[:, : -plan.lo] = 0.0  # negative distances: masked (the causal cut), no gradient
         return grads[0], grads[1].flip(2), grads[2].flip(2), d_table, None, None
 
 
@@ -275,30 +275,6 @@ def _flash_backward(plan: Plan, table, saved: tuple, grad_out, grads: tuple) -> 
         grads[0][:, :, sl] = d_q
         grads[1][:, :, ks] += d_k
         grads[2][:, :, ks] += d_v
-
-
-def _recomputed_table_grad(plan: Plan, table, saved: tuple, grad_out, d_table) -> None:
-    """The table's gradient alone, beside torch's kernel for q, k, v: each block's probabilities and score gradient
-    made again (two matmuls, ``key`` and ``value`` with a column of ones as in :func:`_backward_block`) and summed
-    per table column. Faster than the score-by-score backward for all of q, k, v and the table (CPU, fp32)."""
-    query, k_rev, v_rev, out, lse = saved
-    k_len, scaled = k_rev.shape[2], query * plan.scaling
-    delta = (grad_out * out).sum(-1, keepdim=True)
-    ones = k_rev.new_ones(*k_rev.shape[:3], 1)
-    k_rev, v_rev = torch.cat([k_rev, ones], -1), torch.cat([v_rev, ones], -1)
-    for sl, ks, mask, bias, block in _each_block(plan, table, query.shape, k_len, _rows(*query.shape[:2], k_len)):
-        rows = torch.cat([scaled[:, :, sl], -lse[:, :, sl, None]], -1)
-        probs = torch.matmul(rows, k_rev[:, :, ks].transpose(-1, -2)).add_(bias).exp_()
-        d_scores = torch.matmul(
-            torch.cat([grad_out[:, :, sl], -delta[:, :, sl]], -1), v_rev[:, :, ks].transpose(-1, -2)
-        )
-        _table_grad(d_table, d_scores.mul_(probs), mask, plan, block, ks.stop - ks.start, query.shape[2], k_len)
-    _drop_cut_distances(d_table, plan)
-
-
-def _drop_cut_distances(d_table: torch.Tensor, plan: Plan) -> None:
-    if plan.q_pos is None and plan.causal and plan.mask is None:
-        d_table[:, : -plan.lo] = 0.0  # negative distances: masked (the causal cut), no gradient
 
 
 def _causal_table(table: torch.Tensor, plan: Plan) -> torch.Tensor:
