@@ -51,11 +51,10 @@ def _cmd_patch(args: argparse.Namespace) -> None:
     own = check_no_shrink(source, config.max_length, args.allow_shrink)
     from .loading import patch_folder
 
-    # The length under the name the user gave it (--max-length), not max_position_embeddings: RoBERTa's counts
+    # Both lines say the length as the user gives it (--max-length), not max_position_embeddings: RoBERTa's counts
     # two padding rows more.
-    done = patch_folder(source, config, args.out, args.overwrite)  # None: not a sentence-transformers model
-    if done is not None:
-        model = done[0]
+    model = patch_folder(source, config, args.out, args.overwrite)  # None: not a sentence-transformers model
+    if model is not None:
         print(
             f"Patched {args.model} ({type(model).__name__}) with {config.method}: max_length {own} -> "
             f"{config.max_length}, max_seq_length {model.max_seq_length}. Saved to {args.out}"

@@ -356,15 +356,13 @@ def load_sentence_transformer(name_or_path: str, **kwargs: Any) -> nn.Module | N
     return model
 
 
-def patch_folder(source: str, config: Any, out: str, overwrite: bool = False) -> tuple[nn.Module, int, int] | None:
+def patch_folder(source: str, config: Any, out: str, overwrite: bool = False) -> nn.Module | None:
     """``posswap patch`` for a sentence-transformers folder: load, patch and write ``out`` as a
-    sentence-transformers folder, atomically. Returns the model and its transformer's
-    ``max_position_embeddings`` before and after; None when ``source`` is not a sentence-transformers model."""
+    sentence-transformers folder, atomically. Returns the model; None when ``source`` is not a sentence-transformers
+    model."""
     if transformer_folder(source) is None:
         return None
     model = load_sentence_transformer(source, device="cpu")
-    config_of = lambda: transformer_module(model).auto_model.config  # noqa: E731
-    before = config_of().max_position_embeddings
     patch(model, config)
     write_folder(out, lambda folder: model.save(str(folder)), overwrite=overwrite, source=source)
-    return model, before, config_of().max_position_embeddings
+    return model

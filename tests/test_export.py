@@ -207,6 +207,10 @@ def test_the_recommended_rope_retrofit_exports_to_gpt_neox(tmp_path):
     """RopeConfig(init="fit", rotary_dim=0.5) (docs/methods/rope.md): the fitted first-layer q/k biases travel as
     GPT-NeoX's qkv bias, and the native model gives the patched model's logits."""
     model = rope_gpt2(init="fit", rotary_dim=0.5)
+    width = model.config.n_embd
+    head_dim = width // model.config.n_head
+    qk_bias = model.transformer.h[0].attn.c_attn.bias.detach()[: 2 * width].view(2, -1, head_dim)
+    assert qk_bias[..., : head_dim // 2].abs().amax() > 0  # the fit wrote biases on the rotary dims: they must travel
     result = posswap.export(model, tmp_path / "neox")
     assert result.architecture == "GPTNeoXForCausalLM" and result.max_difference < 1e-4
     native = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "neox").eval()
