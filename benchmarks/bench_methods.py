@@ -27,10 +27,14 @@ without posswap. Variants:
   tupe-r      TUPE-R (sdpa): features plus T5's bucketed relative bias (blocked on CPU)
 One process per (length, pass) holds every variant's model; each round calls every variant once (the order
 rotating by one each round), so a noisy neighbour slows all variants alike, and the ratios to stock are taken
-from the same rounds. Time: median of --repeats rounds after one warm-up call each. Peak memory: on CUDA
-torch.cuda.max_memory_allocated; on CPU the peak resident set size (a sampling thread reading /proc/self/statm
-every 0.5 ms) during the call minus the RSS just before it, with MALLOC_MMAP_THRESHOLD_=65536 so that freed
-tensors leave RSS; the median over rounds. --out writes every figure and the command to a JSON file.
+from the same rounds. Time: median of --repeats rounds after one warm-up call each, with the default allocator
+(what a user runs) and nothing else running in the process. Peak memory: on CUDA torch.cuda.max_memory_allocated,
+in the same rounds; on CPU a second process per (length, pass) measures it alone: the peak resident set size (a
+sampling thread reading /proc/self/statm every 0.5 ms) during the call minus the RSS just before it, with
+MALLOC_MMAP_THRESHOLD_=65536 so that freed tensors leave RSS; the median over --memory-repeats rounds. (That
+allocator setting makes every large tensor a fresh mmap whose pages fault in: timed under it, t5-bias's training
+step at 4096 read 1.3x slower than a user sees and the dense paths faster, so time and memory are separate processes.)
+--out writes every figure and the command to a JSON file.
 """
 
 from __future__ import annotations
@@ -190,21 +194,31 @@ def step_function(model, variant: str, length: int, mode: str, device: str):
     return step
 
 
-def timed(step, device: str) -> tuple[float, int]:
+def timed(step, device: str, watch_rss: bool) -> tuple[float, int]:
+    """Seconds of one call, and its peak memory (CUDA always; CPU RSS only when watch_rss: the sampler costs time)."""
     import torch
 
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
+        start = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        return time.perf_counter() - start, torch.cuda.max_memory_allocated() - base
+    if not watch_rss:
+        start = time.perf_counter()
+        step()
+        return time.perf_counter() - start, 0
     start = time.perf_counter()
     with PeakRss() as rss:
         step()
-    seconds = time.perf_counter() - start
-    return seconds, (torch.cuda.max_memory_allocated() - base if device == "cuda" else rss.delta)
+    return time.perf_counter() - start, rss.delta
 
 
-def measure_all(variants: list[str], length: int, mode: str, args) -> dict:
-    """Every variant's model in this process; rounds of one call each, the order rotating; medians."""
+def measure_all(variants: list[str], length: int, mode: str, what: str, args) -> dict:
+    """Every variant's model in this process; rounds of one call each, the order rotating; medians.
+
+    what: "time" (CPU: no RSS sampler), "memory" (CPU: the RSS sampler, --memory-repeats rounds) or "both" (CUDA)."""
     steps = {}
     for variant in variants:
         model = build(variant, length, args.size, args.layers, args.device)
@@ -212,10 +226,10 @@ def measure_all(variants: list[str], length: int, mode: str, args) -> dict:
         steps[variant]()  # warm-up (and flex compilation)
     times = {v: [] for v in variants}
     peaks = {v: [] for v in variants}
-    for round_ in range(args.repeats):
+    for round_ in range(args.memory_repeats if what == "memory" else args.repeats):
         order = variants[round_ % len(variants) :] + variants[: round_ % len(variants)]
         for variant in order:
-            seconds, peak = timed(steps[variant], args.device)
+            seconds, peak = timed(steps[variant], args.device, watch_rss=what == "memory")
             times[variant].append(seconds)
             peaks[variant].append(peak)
     return {
@@ -230,18 +244,33 @@ def measure_all(variants: list[str], length: int, mode: str, args) -> dict:
     }
 
 
-def run_child(variants: list[str], length: int, mode: str, args) -> dict | None:
-    command = [sys.executable, __file__, "--_one", f"{length},{mode}", "--variants", *variants]
+def run_child(variants: list[str], length: int, mode: str, what: str, args) -> dict | None:
+    command = [sys.executable, __file__, "--_one", f"{length},{mode},{what}", "--variants", *variants]
     command += ["--size", args.size, "--repeats", str(args.repeats), "--device", args.device]
+    command += ["--memory-repeats", str(args.memory_repeats)]
     command += ["--layers", str(args.layers)] if args.layers else []
     command += ["--threads", str(args.threads)] if args.threads else []
-    # Large blocks via mmap: freed memory goes back to the OS, so RSS follows live tensors.
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}  # time: the default allocator
+    if what == "memory":  # large blocks via mmap: freed memory goes back to the OS, so RSS follows live tensors
+        env["MALLOC_MMAP_THRESHOLD_"] = "65536"
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
-        print(f"{length} {mode} failed:\n{done.stderr[-3000:]}", file=sys.stderr)
+        print(f"{length} {mode} ({what}) failed:\n{done.stderr[-3000:]}", file=sys.stderr)
         return None
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure(variants: list[str], length: int, mode: str, args) -> dict | None:
+    """Time and peak memory of every variant at (length, pass): on CPU from two processes (see the docstring)."""
+    if args.device == "cuda":
+        return run_child(variants, length, mode, "both", args)
+    timing = run_child(variants, length, mode, "time", args)
+    memory = run_child(variants, length, mode, "memory", args)
+    if timing is None or memory is None:
+        return None
+    for variant, figures in timing.items():
+        figures["peak"], figures["peaks"] = memory[variant]["peak"], memory[variant]["peaks"]
+    return timing
 
 
 def ratios(results: dict) -> list[dict]:
@@ -328,6 +357,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=None, help="Fewer layers than the size has (shorter runs).")
     parser.add_argument("--repeats", type=int, default=3, help="Rounds measured (median), after one warm-up call.")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--memory-repeats", type=int, default=2, help="CPU: rounds of the separate memory process (median)."
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in the measuring process.")
     parser.add_argument("--variants", nargs="+", action="extend", default=None, choices=VARIANTS)
     parser.add_argument("--passes", nargs="+", action="extend", default=None, choices=MODES)
@@ -342,22 +374,22 @@ def main() -> None:
     variants = args.variants or list(VARIANTS)
     if args.size in ENCODERS:
         variants = [v for v in variants if v not in ("alibi-flex", "tupe-dense", "tupe-r")]
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
+    if args.repeats < 1 or args.memory_repeats < 1:
+        parser.error("--repeats and --memory-repeats must be at least 1")
     if args._one:  # child process: one (length, pass), every variant
         import torch
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        length, mode = args._one.split(",")
-        print(json.dumps(measure_all(variants, int(length), mode, args)))
+        length, mode, what = args._one.split(",")
+        print(json.dumps(measure_all(variants, int(length), mode, what, args)))
         return
     results = {}
     for length in args.lengths or [512, 1024, 2048, 4096]:
         for mode in args.passes or list(MODES):
             chosen = [v for v in variants if not (v == "alibi-flex" and mode == "fwd+bwd" and args.device == "cpu")]
             # (torch 2.13: "FlexAttention does not support backward on CPU")
-            measured = run_child(chosen, length, mode, args)
+            measured = measure(chosen, length, mode, args)
             if measured is not None:
                 results[length, mode] = measured
                 for variant, r in measured.items():
