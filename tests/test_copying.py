@@ -34,7 +34,7 @@ from posswap.study.copying import (
     run_copying,
     variant_config,
 )
-from posswap.study.copying_report import copying_table, first_step, previous_token_head
+from posswap.study.copying_report import copying_table, distill_table, first_step, previous_token_head
 
 TOY = CopierRecipe(vocab=64, length=32, n_layer=1, n_embd=32, n_head=2, steps=3, batch_size=4, period=(4, 16))
 
@@ -166,6 +166,27 @@ def test_first_step_and_previous_token_head():
     assert first_step(runs, 1, 4.0) == 5  # mean over seeds: 1.0, 4.25, 4.5
     assert first_step(runs, 0, 4.0) is None
     assert previous_token_head([[0.5, 0.1, 0.0], [0.1, 0.8, 0.0], [0.3, 0.3, 0.3]]) == 1
+
+
+def test_the_distillation_table_pairs_each_recipe_with_its_taught_run():
+    def runs(drops: list[list[float]], seconds: float) -> list[dict]:
+        return [
+            {"curve": [{"step": 0, "drop": [0.0] * 4}, {"step": 9, "drop": d}], "train_seconds": seconds} for d in drops
+        ]
+
+    results = {
+        "multiples": [0.5, 1.5, 3.0, 6.0],
+        "target_multiple": 3.0,
+        "runs": {
+            "rope": runs([[5.0, 0, 1.0, 0], [6.0, 0, 2.0, 0]], 100.0),
+            "rope-distill": runs([[6.0, 0, 4.0, 0], [6.0, 0, 5.0, 0]], 150.0),
+            "rope-fit-distill": runs([[1.0, 0, 1.0, 0]], 10.0),  # its plain recipe did not run: no row
+        },
+    }
+    table = distill_table(results)
+    rows = [line for line in table if line.startswith("| rope")]
+    assert rows == ["| rope | 5.50 ± 0.71 | 6.00 ± 0.00 | 1.50 ± 0.71 | 4.50 ± 0.71 | 1.50x |"]
+    assert distill_table({**results, "runs": {"rope": results["runs"]["rope"]}}) == []
 
 
 def test_a_distilled_schedule_trains_against_the_unpatched_copier(tmp_path):

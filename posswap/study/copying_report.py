@@ -90,6 +90,38 @@ def copying_table(results: dict) -> list[str]:
     return lines
 
 
+DISTILLED = "-distill"  # a recipe's name with this suffix: the same recipe with the unpatched copier as teacher
+
+
+def distill_table(results: dict) -> list[str]:
+    """What the teacher buys and costs, per recipe that ran with and without it: the drop inside the old window
+    (what the teacher knows) and at the target multiple after training, mean ± std over seeds, and the training time
+    with the teacher over the time without (means over seeds; runs share the machine, so the ratio is rough)."""
+    runs, multiples, target = results["runs"], results["multiples"], results["target_multiple"]
+    inside = max(m for m in multiples if m < 1)
+    columns = [multiples.index(inside), multiples.index(target)]
+    pairs = [
+        (n.removesuffix(DISTILLED), n) for n in runs if n.endswith(DISTILLED) and n.removesuffix(DISTILLED) in runs
+    ]
+    if not pairs:
+        return []
+    header = ["recipe", *[f"{m:g}x {way}" for m in (inside, target) for way in ("without", "with")], "time ratio"]
+    lines = [
+        f"What distillation buys and costs: the drop at {inside:g}x (inside the old window, where the teacher reads) "
+        f"and at {target:g}x after training, without and with the teacher; the training time with it over the time "
+        "without (runs shared the machine: rough).",
+        "",
+        _row(header),
+        _row(["---"] * len(header)),
+    ]
+    for plain, taught in pairs:
+        final = {n: seeds_at(runs[n], -1) for n in (plain, taught)}
+        cells = [cell([seed[i] for seed in final[n]]) for i in columns for n in (plain, taught)]
+        seconds = [statistics.fmean(r["train_seconds"] for r in runs[n]) for n in (plain, taught)]
+        lines.append(_row([plain, *cells, f"{seconds[1] / seconds[0]:.2f}x"]))
+    return [*lines, ""]
+
+
 def summary(results: dict) -> str:
     spec, copier = results["spec"], results["copier"]["recipe"]
     seeds = len(spec["seeds"])
@@ -117,6 +149,7 @@ def summary(results: dict) -> str:
             "",
             *copying_table(results),
             "",
+            *distill_table(results),
         ]
     )
 
