@@ -99,6 +99,79 @@ def test_function_gradients_equal_the_dense_reference(calls, case, table_grad):
         torch.testing.assert_close(got, expected, atol=5e-5, rtol=1e-4)
 
 
+class BandCalls:
+    """Counts the band route of the table's gradient (``_band_table_grad``)."""
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        original = posswap_blocked_grad._band_table_grad
+
+        def band(*args):
+            self.count += 1
+            return original(*args)
+
+        monkeypatch.setattr(posswap_blocked_grad, "_band_table_grad", band)
+
+
+@pytest.mark.parametrize("q_len", [37, 20], ids=["every-query", "queries-last"])
+def test_far_distances_sharing_a_parameter_take_the_band_route(monkeypatch, calls, q_len):
+    """A causal provider whose distances from ``far`` on read one parameter (as T5's last bucket): the table's
+    gradient from the keys near each query plus the row-sum identity equals the dense reference's."""
+    band = BandCalls(monkeypatch)
+    gen = torch.Generator().manual_seed(1)
+    b, h, n, d, far = 2, 3, 37, 8, 5
+    q = torch.randn(b, h, q_len, d, generator=gen).requires_grad_()
+    k, v = (torch.randn(b, h, n, d, generator=gen).requires_grad_() for _ in range(2))
+    weights = torch.randn(h, far + 2, generator=gen).requires_grad_()  # column 0: every negative distance
+
+    class Provider:
+        far_distance = far
+
+        def bias(self, q_pos, k_pos):
+            column = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(-1, far) + 1
+            return weights[:, column].movedim(0, 1)
+
+    positions = (torch.arange(n - q_len, n)[None], torch.arange(n)[None])
+    table, plan = posswap_blocked_grad.make_plan(Provider(), positions, None, True, d**-0.5, torch.float32)
+    assert plan.far == far and plan.q_pos is None
+    out = BlockedBiasAttention.apply(q, k, v, table, plan)
+    reference = dense_reference(q, k, v, table, *positions, plan.lo, None, True, d**-0.5)
+    grad = torch.randn(out.shape, generator=gen)
+    got_all = torch.autograd.grad(out, (q, k, v, weights), grad, retain_graph=True)
+    for got, expected in zip(got_all, torch.autograd.grad(reference, (q, k, v, weights), grad)):
+        torch.testing.assert_close(got, expected, atol=5e-5, rtol=1e-4)
+    assert band.count == 1
+
+
+@pytest.mark.parametrize(("buckets", "max_distance"), [(32, 128), (8, 12), (16, 9)])
+def test_t5_far_distance_is_where_a_decoders_last_bucket_begins(buckets, max_distance):
+    from posswap.portable.posswap_t5 import T5Buckets, t5_buckets
+
+    assert T5Buckets(2, buckets, max_distance, bidirectional=True).far_distance is None  # two sides: two buckets
+    far = T5Buckets(2, buckets, max_distance, bidirectional=False).far_distance
+    behind = -torch.arange(0, 20 * max_distance)  # key minus query: T5's sign
+    found = t5_buckets(behind, False, buckets, max_distance)
+    assert bool((found[far:] == buckets - 1).all()) and found[far - 1] <= buckets - 1
+
+
+@pytest.mark.parametrize("method", ["t5-bias", "tupe-r"])
+def test_a_decoder_without_padding_gets_the_dense_gradients_through_the_band_route(monkeypatch, calls, method):
+    """GPT-2, no padding: T5 bias with a max_distance shorter than the input (so the last bucket holds the far
+    keys) and TUPE-R (its buckets reach past the input); every parameter's gradient equals the dense path's."""
+    band = BandCalls(monkeypatch)
+    configs = {
+        "t5-bias": posswap.T5BiasConfig(max_length=96, num_buckets=8, max_distance=12),
+        "tupe-r": posswap.TupeConfig(max_length=96, relative=True, cls_reset=True),
+    }
+    monkeypatch.setitem(METHODS, method, lambda: configs[method])
+    dense = gradients(monkeypatch, "gpt2", method, 2**62)
+    blocked = gradients(monkeypatch, "gpt2", method, 0)
+    assert calls.count == 2 and band.count == 2  # every layer on the blocked path, its table's gradient by band
+    assert_same_gradients(blocked, dense)
+    table = [name for name in dense if name.endswith("relative_attention_bias.weight")]
+    assert table and all(dense[name].abs().max() > 0 for name in table)
+
+
 # --- whole models ------------------------------------------------------------------------------------------------
 
 

@@ -71,6 +71,9 @@ class BiasProvider(nn.Module):
     has_features = False
     position_offset = 0
     shift_invariant = False  # the bias depends on q_pos - k_pos alone (the blocked CPU path's fast route)
+    # Causal distances q_pos - k_pos at or past this one all read one parameter (T5's last bucket): a training step
+    # then needs the bias gradient of the nearer distances only (posswap_blocked_grad.py). None: no such distance.
+    far_distance: int | None = None
 
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

@@ -17,7 +17,9 @@ block sees no key after its last query (the causal cut), which stock's ``is_caus
 Forward runs CPU's flash kernel per block (``_scaled_dot_product_flash_attention_for_cpu``: output and log-sum-exp,
 honouring the mask's strides); without it, or with attention dropout, plain ops. Dropout: each block's keep mask
 drawn from its own generator, seeded from torch's RNG once per call, and drawn again in backward (nothing kept).
-Float32 only: other dtypes keep the dense path.
+Where a decoder's far distances all read one parameter (T5's last bucket: ``far_distance`` on the provider), causal,
+contiguous and unpadded, backward takes torch's flash kernel for q, k and v and makes the table's gradient from the
+band of keys within ``far`` of each query (``_band_table_grad``). Float32 only: other dtypes keep the dense path.
 It travels with saved models (``posswap/portable``), so it imports nothing from posswap.
 """
 
@@ -50,6 +52,7 @@ class Plan:
     causal: bool
     scaling: float
     dropout: float = 0.0
+    far: int | None = None  # the provider's far_distance: causal distances from it on read one parameter
 
 
 def trainable(module, query: torch.Tensor, key: torch.Tensor, attention_mask, dropout: float) -> bool:
@@ -93,7 +96,8 @@ def make_plan(provider, positions, mask, causal: bool, scaling: float, dtype, dr
     table = table[0, :, :, 0].to(dtype).contiguous()
     queries_last = torch.equal(q_pos, k_pos[:, k_pos.shape[-1] - q_pos.shape[-1] :])  # the queries: the last keys
     if posswap_blocked.contiguous_positions(k_pos) and queries_last:
-        return table, Plan(lo, None, None, mask, causal, scaling, dropout)
+        far = getattr(provider, "far_distance", None)
+        return table, Plan(lo, None, None, mask, causal, scaling, dropout, far)
     return table, Plan(lo, q_pos - lo, k_pos.flip(-1), mask, causal, scaling, dropout)
 
 
@@ -243,6 +247,11 @@ class BlockedBiasAttention(torch.autograd.Function):
         grads = torch.empty_like(query), torch.zeros_like(k_rev), torch.zeros_like(v_rev)
         d_table = torch.zeros_like(masked) if ctx.needs_input_grad[3] else None
         dead = bool((lse <= torch.finfo(lse.dtype).min / 2).any())
+        if d_table is not None and _FLASH_BACKWARD is not None and not dead and _band_route(plan):
+            # torch's kernel for q, k, v; the table's gradient from the keys near each query only
+            _flash_backward(plan, masked, (query, k_rev, v_rev, out, lse), grad_out, grads)
+            _band_table_grad(d_table, plan, masked, (query, key, value, out, lse), grad_out)
+            return grads[0], grads[1].flip(2), grads[2].flip(2), d_table, None, None
         if (
             d_table is None and _FLASH_BACKWARD is not None and not dead and plan.dropout <= 0
         ):  # torch's kernel: no score gradient kept
@@ -275,6 +284,42 @@ def _flash_backward(plan: Plan, table, saved: tuple, grad_out, grads: tuple) -> 
         grads[0][:, :, sl] = d_q
         grads[1][:, :, ks] += d_k
         grads[2][:, :, ks] += d_v
+
+
+def _band_route(plan: Plan) -> bool:
+    """Causal, contiguous positions, no mask, no dropout, and a provider whose far distances share a parameter."""
+    return plan.far is not None and plan.causal and plan.q_pos is None and plan.mask is None and plan.dropout <= 0
+
+
+def _band_table_grad(d_table, plan: Plan, table, saved: tuple, grad_out) -> None:
+    """The table's gradient when every causal distance from ``plan.far`` on reads one parameter (T5's last
+    bucket). Each nearer distance gets its own sum of score gradients, made again over the keys within ``far`` of
+    each query; a row's other score gradients sum to minus those (a softmax's score gradients sum to zero along a
+    row), and that total goes to the column of distance ``far``, which stands for all of them. Work per query:
+    ``far`` keys, not all of them (at 4k tokens and T5's 128, a 30th)."""
+    query, key, value, out, lse = saved
+    q_len, k_len, far, lo = query.shape[2], key.shape[2], plan.far, plan.lo
+    delta = (grad_out * out).sum(-1, keepdim=True)
+    rows, heads = max(posswap_blocked.MIN_ROWS, far // 2), d_table.shape[0]
+    block_bias = {}  # every full block past the first ``far`` positions has the same distances: one bias for them
+    for start in range(0, q_len, rows):
+        stop = min(q_len, start + rows)
+        first = k_len - q_len + start  # the block's first query's position: the queries are the last keys
+        k0, k1 = max(0, first - far + 1), first + stop - start
+        shape = (first - k0, stop - start, k1 - k0)
+        if shape not in block_bias:
+            distance = torch.arange(first - k0, first - k0 + stop - start)[:, None] - torch.arange(k1 - k0)[None]
+            bias = table[:, distance - lo].masked_fill_((distance >= far).to(table.device), float("-inf"))
+            block_bias[shape] = (bias, (distance - lo).reshape(-1).to(table.device))
+        bias, columns = block_bias[shape]
+        scores = torch.matmul(query[:, :, start:stop] * plan.scaling, key[:, :, k0:k1].transpose(-1, -2))
+        probs = scores.add_(bias).sub_(lse[:, :, start:stop, None]).exp_()  # 0 past the band (and behind it)
+        d_scores = torch.matmul(grad_out[:, :, start:stop], value[:, :, k0:k1].transpose(-1, -2))
+        d_scores = d_scores.sub_(delta[:, :, start:stop]).mul_(probs).sum(0)  # (heads, rows, keys), batch summed
+        d_table.index_add_(1, columns, d_scores.reshape(heads, -1))
+        beyond = torch.arange(first, first + stop - start) >= far  # rows with keys at distance far or more
+        if bool(beyond.any()):
+            d_table[:, far - lo] -= d_scores[:, beyond.to(d_scores.device)].sum((1, 2))
 
 
 def _causal_table(table: torch.Tensor, plan: Plan) -> torch.Tensor:

@@ -41,6 +41,11 @@ class T5Buckets(BiasProvider):
         self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
         self.relative_attention_bias = nn.Embedding(num_buckets, num_heads)
 
+    @property
+    def far_distance(self) -> int | None:
+        """A decoder's distances from ``max_distance`` on fall in the last bucket (an encoder's split by side)."""
+        return None if self.bidirectional else self.max_distance
+
     def per_distance(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> tuple[torch.Tensor, int]:
         """(heads, 2 * span - 1) fp32 biases, one column per key-minus-query distance from -(span - 1) on, and the
         column of distance 0. The bucket function runs on these few distances, not on every (q, k) pair."""

@@ -71,6 +71,10 @@ class TupeBias(BiasProvider):
     def shift_invariant(self) -> bool:  # TUPE-R: its buckets' bias (the features are not part of the bias)
         return self.relative is not None and self.relative.shift_invariant
 
+    @property
+    def far_distance(self) -> int | None:  # TUPE-R: its buckets'
+        return None if self.relative is None else self.relative.far_distance
+
     def projected(self, pos: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """(b|1, heads, n, head_dim) in fp32: rows of the table at ``pos`` through U_Q or U_K."""
         rows = self.positions.float()[pos.clamp(0, self.positions.shape[0] - 1)]  # padded keys: any row, masked
