@@ -66,8 +66,8 @@ def add_study(commands) -> None:
 STUDY_PRESETS = (
     "mini: the copier (a small GPT-2 that copies inside its 256 positions) trained from its recipe, then patched with the "
     "best method and with RoPE, each trained briefly at 4x and probed (<= 6 min on 2 CPU cores); copying: every method "
-    "on the copier, three seeds (results/copying/); copying-rope: RoPE recipes on the copier, 300 steps "
-    "(results/copying-rope/); full: the text study on both bases (results/); minilm-mini: the repeat probe on MiniLM "
+    "on the copier, three seeds (results/copying/); copying-rope: RoPE recipes on the copier, 300 steps, "
+    "three seeds (results/copying-rope/); full: the text study on both bases (results/); minilm-mini: the repeat probe on MiniLM "
     "before and after a short ALiBi training."
 )
 

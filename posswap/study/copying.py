@@ -441,7 +441,12 @@ def _patched(base, name: str, spec: CopyingSpec):
 COPYING = CopyingSpec(name="copying", variants=COPYING_VARIANTS, steps=100)
 # What lets RoPE copy again: the recipes, longer (300 steps), one seed each.
 ROPE = CopyingSpec(
-    name="rope", variants=("rope", "rope-keep", *ROPE_RECIPES), steps=300, probe_every=50, seeds=(0,), baseline=False
+    name="rope",
+    variants=("rope", "rope-keep", *ROPE_RECIPES),
+    steps=300,
+    probe_every=50,
+    seeds=(0, 1, 2),
+    baseline=False,
 )
 # The README's main command: the copier trained from its recipe (base included, as a newcomer should see it), then
 # the best method and RoPE trained briefly, one seed (its timings: results/mini/copying.json).
