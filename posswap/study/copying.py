@@ -439,7 +439,7 @@ def _patched(base, name: str, spec: CopyingSpec):
 
 # The full copying study: every variant, three seeds, an equal budget (100 steps of 8 x 1024 tokens).
 COPYING = CopyingSpec(name="copying", variants=COPYING_VARIANTS, steps=100)
-# What lets RoPE copy again: the recipes, longer (300 steps), one seed each.
+# What lets RoPE copy again: the recipes, longer (300 steps), three seeds each.
 ROPE = CopyingSpec(
     name="rope",
     variants=("rope", "rope-keep", *ROPE_RECIPES),
