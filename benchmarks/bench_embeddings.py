@@ -30,10 +30,9 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from bench_methods import PeakRss  # this folder is on sys.path when the script runs
+from bench_methods import allocator_env, timed  # this folder is on sys.path when the script runs
 
 DOC_TOKENS = 2040
 PIECES = {"stock-512": 510, "stock-256": 254}  # word pieces per chunk: the limit less [CLS] and [SEP]
@@ -132,14 +131,9 @@ def measure(variants: list[str], count: int, repeats: int, watch_rss: bool) -> d
     times, peaks = {v: [] for v in variants}, {v: [] for v in variants}
     for round_ in range(repeats):
         for v in variants[round_ % len(variants) :] + variants[: round_ % len(variants)]:
-            start = time.perf_counter()
-            if watch_rss:
-                with PeakRss() as rss:
-                    runs[v]()
-            else:
-                runs[v]()
-            times[v].append(time.perf_counter() - start)
-            peaks[v].append(rss.delta if watch_rss else 0)
+            seconds, peak = timed(runs[v], "cpu", watch_rss)
+            times[v].append(seconds)
+            peaks[v].append(peak)
     words = count * DOC_TOKENS
     return {
         v: {
@@ -161,8 +155,7 @@ def memory_peaks(args, variants: list[str]) -> dict[str, list[int]]:
     command = [sys.executable, __file__, "--_memory", "--docs", str(args.docs), "--variants", *variants]
     command += ["--memory-repeats", str(args.memory_repeats)]
     command += ["--threads", str(args.threads)] if args.threads else []
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    done = subprocess.run(command, capture_output=True, text=True, env=allocator_env(memory=True), check=False)
     if done.returncode != 0:
         raise SystemExit(f"the memory process failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -181,8 +174,7 @@ def main() -> None:
     if args.docs < 1 or args.repeats < 1 or args.memory_repeats < 1:
         parser.error("--docs, --repeats and --memory-repeats must be at least 1")
     if "MALLOC_MMAP_THRESHOLD_" in os.environ and not args._memory:  # time with the allocator a user has
-        env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
-        os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], env)
+        os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], allocator_env(memory=False))
     import torch
 
     if args.threads:

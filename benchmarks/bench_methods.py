@@ -32,8 +32,10 @@ from the same rounds. Time: median of --repeats rounds after one warm-up call ea
 in the same rounds; on CPU a second process per (length, pass) measures it alone: the peak resident set size (a
 sampling thread reading /proc/self/statm every 0.5 ms) during the call minus the RSS just before it, with
 MALLOC_MMAP_THRESHOLD_=65536 so that freed tensors leave RSS; the median over --memory-repeats rounds. (That
-allocator setting makes every large tensor a fresh mmap whose pages fault in: timed under it, t5-bias's training
-step at 4096 read 1.3x slower than a user sees and the dense paths faster, so time and memory are separate processes.)
+allocator setting makes every large tensor a fresh mmap whose pages fault in. One child, --_one 4096,fwd+bwd,time
+--threads 1 --variants stock t5-bias alibi-sdpa t5-bias-dense, run with and without it in one session: stock 1.20x,
+t5-bias 1.44x slower under it, t5-bias-dense 0.84x; so t5-bias read 1.24x stock instead of 1.03x and the dense bias
+3.83x instead of 5.48x. Hence time and memory are separate processes.)
 --out writes every figure and the command to a JSON file.
 """
 
@@ -194,6 +196,14 @@ def step_function(model, variant: str, length: int, mode: str, device: str):
     return step
 
 
+def allocator_env(memory: bool) -> dict[str, str]:
+    """This environment for a measuring process: the default allocator to time (what a user runs); to measure
+    memory, large blocks via mmap (MALLOC_MMAP_THRESHOLD_=65536), so freed memory leaves RSS and RSS follows live
+    tensors."""
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    return {**env, "MALLOC_MMAP_THRESHOLD_": "65536"} if memory else env
+
+
 def timed(step, device: str, watch_rss: bool) -> tuple[float, int]:
     """Seconds of one call, and its peak memory (CUDA always; CPU RSS only when watch_rss: the sampler costs time)."""
     import torch
@@ -202,8 +212,7 @@ def timed(step, device: str, watch_rss: bool) -> tuple[float, int]:
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         start = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
+        step()  # synchronises
         return time.perf_counter() - start, torch.cuda.max_memory_allocated() - base
     if not watch_rss:
         start = time.perf_counter()
@@ -250,10 +259,7 @@ def run_child(variants: list[str], length: int, mode: str, what: str, args) -> d
     command += ["--memory-repeats", str(args.memory_repeats)]
     command += ["--layers", str(args.layers)] if args.layers else []
     command += ["--threads", str(args.threads)] if args.threads else []
-    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}  # time: the default allocator
-    if what == "memory":  # large blocks via mmap: freed memory goes back to the OS, so RSS follows live tensors
-        env["MALLOC_MMAP_THRESHOLD_"] = "65536"
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    done = subprocess.run(command, capture_output=True, text=True, env=allocator_env(memory=what == "memory"))
     if done.returncode != 0:
         print(f"{length} {mode} ({what}) failed:\n{done.stderr[-3000:]}", file=sys.stderr)
         return None

@@ -247,16 +247,12 @@ class BlockedBiasAttention(torch.autograd.Function):
         grads = torch.empty_like(query), torch.zeros_like(k_rev), torch.zeros_like(v_rev)
         d_table = torch.zeros_like(masked) if ctx.needs_input_grad[3] else None
         dead = bool((lse <= torch.finfo(lse.dtype).min / 2).any())
-        if d_table is not None and _FLASH_BACKWARD is not None and not dead and _band_route(plan):
-            # torch's kernel for q, k, v; the table's gradient from the keys near each query only
+        flash = _FLASH_BACKWARD is not None and not dead and plan.dropout <= 0
+        if flash and (d_table is None or _band_route(plan)):  # torch's kernel for q, k, v: no score gradient kept
             _flash_backward(plan, masked, (query, k_rev, v_rev, out, lse), grad_out, grads)
-            _band_table_grad(d_table, plan, masked, (query, key, value, out, lse), grad_out)
+            if d_table is not None:  # the table's gradient from the keys near each query only
+                _band_table_grad(d_table, plan, masked, (query, key, value, out, lse), grad_out)
             return grads[0], grads[1].flip(2), grads[2].flip(2), d_table, None, None
-        if (
-            d_table is None and _FLASH_BACKWARD is not None and not dead and plan.dropout <= 0
-        ):  # torch's kernel: no score gradient kept
-            _flash_backward(plan, masked, (query, k_rev, v_rev, out, lse), grad_out, grads)
-            return grads[0], grads[1].flip(2), grads[2].flip(2), None, None, None
         delta = (grad_out * out).sum(-1, keepdim=True)  # rowsum(dO * O) = rowsum(P * dP)
         ones = k_rev.new_ones(*k_rev.shape[:3], 1)
         k_rev, v_rev = torch.cat([k_rev, ones], -1), torch.cat([v_rev, ones], -1)
@@ -287,16 +283,17 @@ def _flash_backward(plan: Plan, table, saved: tuple, grad_out, grads: tuple) -> 
 
 
 def _band_route(plan: Plan) -> bool:
-    """Causal, contiguous positions, no mask, no dropout, and a provider whose far distances share a parameter."""
-    return plan.far is not None and plan.causal and plan.q_pos is None and plan.mask is None and plan.dropout <= 0
+    """Causal, contiguous positions, no mask, and a provider whose far distances share a parameter (``make_plan``
+    sets ``far`` for contiguous positions only)."""
+    return plan.far is not None and plan.causal and plan.mask is None
 
 
 def _band_table_grad(d_table, plan: Plan, table, saved: tuple, grad_out) -> None:
     """The table's gradient when every causal distance from ``plan.far`` on reads one parameter (T5's last
     bucket). Each nearer distance gets its own sum of score gradients, made again over the keys within ``far`` of
     each query; a row's other score gradients sum to minus those (a softmax's score gradients sum to zero along a
-    row), and that total goes to the column of distance ``far``, which stands for all of them. Work per query:
-    ``far`` keys, not all of them (at 4k tokens and T5's 128, a 30th)."""
+    row), and that total goes to the column of distance ``far``, which stands for all of them. Blocks of ``far / 2``
+    queries read ``far / 2 + far - 1`` keys each: at 4k tokens and T5's 128, a tenth of a causal row's keys."""
     query, key, value, out, lse = saved
     q_len, k_len, far, lo = query.shape[2], key.shape[2], plan.far, plan.lo
     delta = (grad_out * out).sum(-1, keepdim=True)
@@ -308,18 +305,18 @@ def _band_table_grad(d_table, plan: Plan, table, saved: tuple, grad_out) -> None
         k0, k1 = max(0, first - far + 1), first + stop - start
         shape = (first - k0, stop - start, k1 - k0)
         if shape not in block_bias:
-            distance = torch.arange(first - k0, first - k0 + stop - start)[:, None] - torch.arange(k1 - k0)[None]
-            bias = table[:, distance - lo].masked_fill_((distance >= far).to(table.device), float("-inf"))
-            block_bias[shape] = (bias, (distance - lo).reshape(-1).to(table.device))
+            distance = torch.arange(shape[0], shape[0] + shape[1])[:, None] - torch.arange(shape[2])[None]  # CPU path
+            bias = table[:, distance - lo].masked_fill_(distance >= far, float("-inf"))
+            block_bias[shape] = (bias, (distance - lo).reshape(-1))
         bias, columns = block_bias[shape]
         scores = torch.matmul(query[:, :, start:stop] * plan.scaling, key[:, :, k0:k1].transpose(-1, -2))
         probs = scores.add_(bias).sub_(lse[:, :, start:stop, None]).exp_()  # 0 past the band (and behind it)
         d_scores = torch.matmul(grad_out[:, :, start:stop], value[:, :, k0:k1].transpose(-1, -2))
         d_scores = d_scores.sub_(delta[:, :, start:stop]).mul_(probs).sum(0)  # (heads, rows, keys), batch summed
         d_table.index_add_(1, columns, d_scores.reshape(heads, -1))
-        beyond = torch.arange(first, first + stop - start) >= far  # rows with keys at distance far or more
-        if bool(beyond.any()):
-            d_table[:, far - lo] -= d_scores[:, beyond.to(d_scores.device)].sum((1, 2))
+        beyond = max(0, far - first)  # the block's rows from here on have keys at distance far or more
+        if beyond < stop - start:
+            d_table[:, far - lo] -= d_scores[:, beyond:].sum((1, 2))
 
 
 def _causal_table(table: torch.Tensor, plan: Plan) -> torch.Tensor:

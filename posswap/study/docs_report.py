@@ -66,6 +66,11 @@ def copier_note(results: dict) -> str:
     return f"of which {results['timings_s']['copier'] / 60:.1f} min training the copier from its recipe."
 
 
+def run_minutes(results: dict) -> float:
+    """Every run's training time in the study, summed: what reproducing it costs, whichever runs were reused."""
+    return sum(run["train_seconds"] for runs in results["runs"].values() for run in runs) / 60
+
+
 def copying_page(results_root: Path, page: str) -> str:
     folder_name, title, command, writes = COPYING_PAGES[page]
     folder = Path(results_root) / folder_name
@@ -82,7 +87,10 @@ def copying_page(results_root: Path, page: str) -> str:
         f"# {title}",
         "",
         f"Reproduce: `{command}` ({where}; `{command} --report-only` rebuilds the summary and pictures from "
-        f"`copying.json`). Recorded wall time: {timings['all'] / 60:.1f} min, " + copier_note(results),
+        f"`copying.json`). Recorded wall time: {timings['all'] / 60:.1f} min, "
+        + copier_note(results)
+        + f" The runs' own training time, summed: {run_minutes(results):.0f} min on one thread each (runs found in "
+        "the work folder are reused, so a wall time can cover fewer of them).",
         "",
         copying_summary(results).rstrip("\n"),
         "",
