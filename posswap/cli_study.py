@@ -42,7 +42,8 @@ def add_study(commands) -> None:
         s,
         "--variants",
         metavar="VARIANT",
-        help=f"Subset of {' '.join(VARIANTS)} (default: all; the long phase: the quick phase's best four); the copying presets "
+        help=f"Subset of {' '.join(VARIANTS)} (default: all; the long phase: the quick phase's best four), each also as "
+        "NAME-distill (trained with the unpatched model as teacher, train.distill); the copying presets "
         f"also take {' '.join(copying_only)}.",
     )
     s.add_argument("--steps", type=int, default=None, help="Training steps per variant (default: the preset's budget).")

@@ -8,6 +8,7 @@ import re
 from dataclasses import replace
 
 import pytest
+import yaml
 
 from posswap.cli import main
 from posswap.config import config_from_dict
@@ -208,15 +209,33 @@ def test_tiny_study_writes_results_and_reuses_finished_runs(bases, tmp_path, cap
     assert rerun["command"] == "again" and [r["command"] for r in rerun["earlier_runs"]] == ["posswap study (test)"]
     assert rerun["earlier_runs"][0]["timings_s"] == record["timings_s"]
 
-    # The long phase trains the quick table's best variants (by loss at 4x), longer.
-    long = replace(spec, phase="long", budget=replace(spec.budget, steps=3), baseline=False)
-    Study((long,), tmp_path / "work", tmp_path / "results", reference=bases / "gpt2").run("long")
-    trained_long = Results.load(tmp_path / "results" / "gpt2" / "long" / "trained" / f"{name}.json")
-    assert set(trained_long.models) == {"original", "original (sliding)", "copy", "t5-bias"}  # both: fewer than four
-    assert [
-        s for s, _ in json.loads((tmp_path / "results" / "gpt2" / "long" / "curves.json").read_text())["curves"]["copy"]
-    ] == [1, 2, 3]
+    # The long phase trains the quick table's best variants (by loss at 4x), longer; a -distill name trains its
+    # variant again with the unpatched model as teacher, when that variant is among the best.
+    long = replace(
+        spec,
+        phase="long",
+        budget=replace(spec.budget, steps=3),
+        baseline=False,
+        variants=(*spec.variants, "t5-bias-distill"),
+    )
+    summary = Study((long,), tmp_path / "work", tmp_path / "results", reference=bases / "gpt2").run("long")
+    folder = tmp_path / "results" / "gpt2" / "long"
+    trained_long = Results.load(folder / "trained" / f"{name}.json")
+    assert set(trained_long.models) == {"original", "original (sliding)", "copy", "t5-bias", "t5-bias-distill"}
+    long_curves = json.loads((folder / "curves.json").read_text())
+    assert [s for s, _ in long_curves["curves"]["copy"]] == [1, 2, 3]
     assert weights.stat().st_mtime_ns == stamp  # the quick run is left alone
+    runs = tmp_path / "work" / "gpt2" / "long"
+    recipes = {n: yaml.safe_load((runs / n / "recipe.yaml").read_text()) for n in ("t5-bias", "t5-bias-distill")}
+    assert recipes["t5-bias-distill"]["train"]["distill"] == {"weight": 1.0}
+    assert "distill" not in recipes["t5-bias"]["train"]  # a plain variant's recipe is the one older runs have
+    assert recipes["t5-bias-distill"]["posswap"] == recipes["t5-bias"]["posswap"]
+    assert all(long_curves["train_seconds"][n] > 0 for n in ("copy", "t5-bias", "t5-bias-distill"))
+    # the distillation table: with minus without at 4x, paired over the same windows, by hand
+    with_, without = (trained_long.models[n].metrics["loss_windows"][1] for n in ("t5-bias-distill", "t5-bias"))
+    gap = sum(a - b for a, b in zip(with_, without)) / len(with_)
+    row = next(line for line in summary.splitlines() if line.startswith("| `t5-bias` |"))
+    assert row.split(" | ")[3].startswith(f"{gap:+.3f}") and "| `copy` |" not in summary
 
 
 def test_long_phase_without_the_quick_one_is_refused_before_anything_trains(tmp_path, capsys):

@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 
 from ..evaluation.plots import plt, save_figure
+from ..training.distill import DISTILLED
 from .scoring import BASELINE, ORIGINAL
 
 
@@ -88,9 +89,6 @@ def copying_table(results: dict) -> list[str]:
             )
         )
     return lines
-
-
-DISTILLED = "-distill"  # a recipe's name with this suffix: the same recipe with the unpatched copier as teacher
 
 
 def distill_table(results: dict) -> list[str]:

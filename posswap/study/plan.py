@@ -8,6 +8,8 @@ a learned table (RoPE, ALiBi, sinusoidal, NoPE, T5 bias) are patched to 8x but t
 
 Phases: ``quick`` trains every variant at a small budget; ``long`` trains the best ``LONG_VARIANTS`` of the
 quick table (by held-out loss at 4x on the first held-out set) and the original, longer, at a lower rate.
+A variant named ``NAME-distill`` is NAME trained with the unpatched model as a teacher on the windows it can read
+(``train.distill``); the long phase trains it when NAME is among the best of the quick one.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, replace
 from .. import methods  # noqa: F401  (registers the methods and their variants)
 from ..config import check_number
 from ..registry import study_variants
+from ..training.distill import DISTILLED
 from ..training.recipe import DataSpec
 
 TRAIN_DATA = "posswap:train"  # five Austen novels + the King James Bible
@@ -30,13 +33,31 @@ LONG_VARIANTS = 4  # how many of the quick table's best the long phase trains
 PHASES = ("quick", "long")
 
 
+# train.distill.weight of a variant named with the DISTILLED suffix (the copying study's weight).
+DISTILL_WEIGHT = 1.0
+
+
+def plain_variant(name: str) -> str:
+    """The method variant a name trains: ``rope-distill`` is ``rope`` with the unpatched model as teacher."""
+    return name.removesuffix(DISTILLED)
+
+
+def variant_distill(name: str) -> float:
+    """``train.distill.weight`` of a variant's runs (0: no teacher)."""
+    return DISTILL_WEIGHT if name.endswith(DISTILLED) else 0.0
+
+
 def variant_patch(name: str, length: int) -> dict:
     """The ``posswap:`` block of a method variant (registered with its method) for a base of ``length`` positions:
-    a learned table is made for the trained 4x; the rest are patched to 8x, so that 8x is real extrapolation."""
+    a learned table is made for the trained 4x; the rest are patched to 8x, so that 8x is real extrapolation.
+    A name with the ``-distill`` suffix patches as its plain variant (it differs in training only)."""
     table = study_variants()
-    if name not in table:
-        raise ValueError(f"Unknown study variant {name!r}; choose from {', '.join(table)}.")
-    spec, keys = table[name]
+    if plain_variant(name) not in table:
+        raise ValueError(
+            f"Unknown study variant {name!r}; choose from {', '.join(table)} (each also as NAME{DISTILLED}: "
+            "trained with the unpatched model as teacher)."
+        )
+    spec, keys = table[plain_variant(name)]
     reach = EXTEND if spec.extends_table else 2 * EXTEND
     if keys.get("rope_type") and "factor" not in keys:  # RoPE's frequencies scaled for the trained length
         keys = {**keys, "factor": float(EXTEND)}
@@ -228,6 +249,8 @@ __all__ = [
     "Probe",
     "TRAIN_DATA",
     "VARIANTS",
+    "plain_variant",
     "select",
+    "variant_distill",
     "variant_patch",
 ]

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..evaluation import Results
 from ..evaluation.harness import paired_gap
 from ..evaluation.plots import plt, save_figure
+from .distill_report import distill_lines
 from .plan import EXTEND
 from .scoring import BASELINE, ORIGINAL, OTHER_MASKS, SLIDING, load_sets, loss_metric
 
@@ -222,6 +223,7 @@ def base_summary(spec, step0: dict | None, after: dict, curves: dict, probe: dic
         ranked = [ranking(results, n, causal, [*spec.variants, SLIDING, BASELINE]) for n in results.lengths[1:]]
         ranked.append(against_baseline_at_1x(spec, results, causal))
         lines += [f"- {line}" for line in ranked if line] + ([""] if any(ranked) else [])
+        lines += distill_lines(spec, results, curves.get("train_seconds", {}), causal)
     if probe is not None:
         warning = probe_check(probe)
         lines += [_probe_text(probe, causal), "", *probe_table(probe), "", *([warning, ""] if warning else [])]

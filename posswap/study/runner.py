@@ -24,7 +24,8 @@ from ..config import load_yaml
 from ..evaluation.plots import write_plots
 from ..files import remove_model_folder
 from ..portable.posswap_block import migrate_block
-from .plan import EXTEND, LONG_VARIANTS, BaseSpec, Budget, variant_patch
+from ..training.distill import DISTILLED
+from .plan import EXTEND, LONG_VARIANTS, BaseSpec, Budget, plain_variant, variant_distill, variant_patch
 from .report import curve_plot, probe_plot, saved_summary
 from .scoring import (
     BASELINE,
@@ -151,6 +152,7 @@ class Study:
         window: int | None = None,
         trainable: str = "full",
         repeats: bool = False,
+        distill: float = 0.0,
     ) -> dict:
         train = {
             "output_dir": str(output_dir),
@@ -165,6 +167,8 @@ class Study:
             "log_every": max(1, budget.steps // 20),
             "seed": 0,
         }
+        if distill:  # only when asked: older runs' recipes stay equal, so they are reused
+            train["distill"] = {"weight": distill}
         if window is not None and posswap is not None and window != posswap["max_length"]:
             train["curriculum"] = [window]  # patched to 8x, trained at 4x
         data = {"train": spec.train_data}
@@ -189,7 +193,14 @@ class Study:
         if curve is not None:
             curve.path = curve_file
             write_json(curve_file, [])  # not an older run's points
-        return train(recipe, raw, callbacks=[curve] if curve is not None else [])
+        started = time.perf_counter()
+        model = train(recipe, raw, callbacks=[curve] if curve is not None else [])
+        # beside the run, so a later study that reuses it still reports what it cost
+        seconds = round(time.perf_counter() - started, 1)
+        write_json(
+            run_dir / TRAIN_SECONDS, {"seconds": seconds, "load": os.getloadavg(), "hardware": hardware(self.device)}
+        )
+        return model
 
     def original(self, spec: BaseSpec) -> Path:
         """The model every variant of ``spec`` starts from."""
@@ -227,8 +238,11 @@ class Study:
             )
         results = load_sets(spec, folder)[spec.heldout_data]
         metric, at = loss_metric(spec.name == "gpt2"), results.lengths.index(EXTEND * spec.length)
-        ranked = sorted((r.metrics[metric][at], name) for name, r in results.models.items() if name in spec.variants)
-        return tuple(name for _, name in ranked[:LONG_VARIANTS])
+        asked = {plain_variant(name) for name in spec.variants}
+        ranked = sorted((r.metrics[metric][at], name) for name, r in results.models.items() if name in asked)
+        best = [name for _, name in ranked[:LONG_VARIANTS]]
+        # each picked variant as asked: plain, with the teacher, or both
+        return tuple(v for name in best for v in (name, name + DISTILLED) if v in spec.variants)
 
     # -- one base ----------------------------------------------------------------------------------------
 
@@ -251,7 +265,7 @@ class Study:
         trained, curves = self._train_all(spec, original, raws, tokenizer)
         self._score_trained(spec, scorer, originals, untrained, trained, original, out)
         self._timed(f"{spec.name}/pictures", self.pictures, spec, original, trained, tokenizer, out)
-        self._write_curves(spec, originals[spec.heldout_data], curves, out)
+        self._write_curves(spec, originals[spec.heldout_data], curves, trained, out)
         return self.report_base(spec)
 
     def _variant_recipes(self, spec: BaseSpec, original: Path) -> dict[str, dict]:
@@ -268,6 +282,7 @@ class Study:
                 budget.batch_size,
                 EXTEND * spec.length,
                 repeats=True,
+                distill=variant_distill(name),
             )
             for name in variants
         }
@@ -315,7 +330,7 @@ class Study:
             )
             write_json(out / "probe.json", probed)
 
-    def _write_curves(self, spec: BaseSpec, first, curves: dict, out: Path) -> None:
+    def _write_curves(self, spec: BaseSpec, first, curves: dict, trained: dict[str, Path], out: Path) -> None:
         metric = loss_metric(spec.name == "gpt2")
         write_json(
             out / "curves.json",
@@ -325,6 +340,7 @@ class Study:
                 "steps": spec.budget.steps,
                 "original_at_1x": first.models[ORIGINAL].metrics[metric][0],
                 "curves": curves,
+                "train_seconds": {name: run_seconds(model.parent) for name, model in trained.items()},
             },
         )
 
@@ -402,6 +418,15 @@ class Study:
         wall = time.perf_counter() - started
         text = "\n\n".join(s["summary"] for s in summaries)
         return f"{text}\n\nWall time {wall / 60:.1f} min on {machine['description']}; files in {self.out}/."
+
+
+TRAIN_SECONDS = "train_seconds.json"  # a study run's training time, written when it finishes
+
+
+def run_seconds(run_dir: Path) -> float | None:
+    """Seconds ``run_dir``'s training took (None for a run from before the study recorded it)."""
+    path = run_dir / TRAIN_SECONDS
+    return json.loads(path.read_text())["seconds"] if path.is_file() else None
 
 
 def finished_run(run_dir: Path, raw: dict, curve_file: Path | None) -> bool:

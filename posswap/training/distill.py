@@ -29,6 +29,9 @@ from ..config import check_number
 from ..loading import from_pretrained, resolve_model_id
 from ..portable.posswap_architectures import find_sites
 
+# A study variant's or recipe's name with this suffix: the same one with the unpatched model as teacher.
+DISTILLED = "-distill"
+
 
 @dataclass
 class DistillSpec:
