@@ -28,9 +28,15 @@ BASELINES = ["chunk-mean", "chunk-max", "late-chunk-max"]
 
 
 def demo_recipe(steps: int, output_dir: Path):
-    """The shipped recipe cut to ``steps`` optimizer steps (same batch, so 8 pairs a step), writing to ``output_dir``."""
+    """The shipped recipe cut to ``steps`` optimizer steps (same batch, so 8 pairs a step) of one run (the recipe
+    averages several: its ``embedding.soup``), writing to ``output_dir``."""
     batch = load_recipe(DEMO_RECIPE)[0].train.batch_size
-    overrides = {"train.max_steps": steps, "train.output_dir": str(output_dir), "embedding.pairs": steps * batch}
+    overrides = {
+        "train.max_steps": steps,
+        "train.output_dir": str(output_dir),
+        "embedding.pairs": steps * batch,
+        "embedding.soup": 1,
+    }
     return load_recipe(DEMO_RECIPE, [f"{key}={value}" for key, value in overrides.items()])
 
 
@@ -42,7 +48,8 @@ def trained_model(steps: int, run_dir: Path, overwrite: bool, timings: dict) -> 
         print(f"Reusing the model trained earlier with the same recipe: {model_dir} (--overwrite trains again).")
         return model_dir
     print(
-        f"Training the patched model for {steps} steps of {recipe.train.batch_size} pairs ({DEMO_RECIPE}, shortened)."
+        f"Training the patched model for {steps} steps of {recipe.train.batch_size} pairs ({DEMO_RECIPE}, shortened "
+        "to one run of the several it averages)."
     )
     start = time.perf_counter()
     ours = (run_dir / "recipe.json").is_file()  # an earlier demo's run folder: its model may be replaced

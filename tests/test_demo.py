@@ -56,6 +56,7 @@ def test_the_shortened_recipe_is_the_shipped_one_but_for_its_length(tmp_path):
     assert short.train.max_steps == 5 and short.embedding.pairs == 5 * shipped.train.batch_size
     assert short.train.lr == shipped.train.lr and short.embedding.document_lengths == shipped.embedding.document_lengths
     assert short.train.output_dir == str(tmp_path / "run")
+    assert shipped.embedding.soup > 1 and short.embedding.soup == 1  # one run of the soup: the demo's minutes
 
 
 def test_a_second_demo_reuses_the_model_of_the_same_recipe(tmp_path, monkeypatch, capsys):

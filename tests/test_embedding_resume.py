@@ -35,7 +35,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::Deprec
 RECIPE = Path(__file__).parents[1] / "recipes" / "minilm-embed-2k.yaml"
 STEPS = 6
 # The shipped recipe (MiniLM patched to 2048, stride placement with exact short inputs, cached MNRL, dropout 0) at a
-# few seconds' size, with a teacher added (the recipe has none) so that resuming covers its dataset too.
+# few seconds' size (one run of its soup), with a teacher added (the recipe has none) so that resuming covers its dataset too.
 TINY = [
     f"train.max_steps={STEPS}",
     "train.batch_size=4",
@@ -44,6 +44,7 @@ TINY = [
     "embedding.anchor_words=8",
     "embedding.mini_batch_size=4",
     "embedding.teacher=4",  # one batch of the teacher's texts beside the two of pairs
+    "embedding.soup=1",  # one run of the four the recipe averages (the soup: test_embedding_training)
 ]
 # One thread each: the two first runs share the 2 cores, and every run reduces in the same order (bitwise equal).
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -155,9 +155,31 @@ def test_embedding_recipe_runs_end_to_end(tiny_st, text_file, tmp_path, capsys, 
     assert not torch.equal(table(trained), table(untrained))
 
 
+def test_a_soup_is_the_average_of_the_runs_its_seeds_train(tiny_st, text_file, tmp_path):
+    """embedding.soup: 2 with train.seed 5 saves the mean of the weights that one-run recipes with seeds 5 and 6
+    train; its log has both runs' steps, each with its seed."""
+
+    def run(name: str, seed: int, soup: int = 1) -> dict[str, torch.Tensor]:
+        raw = recipe(tiny_st, text_file, tmp_path / name)
+        raw["train"]["seed"] = seed
+        raw["embedding"]["soup"] = soup
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(raw))
+        assert main(["train", str(tmp_path / f"{name}.yaml")]) == 0
+        return st.SentenceTransformer(str(tmp_path / name / "model"), device="cpu").state_dict()
+
+    soup, first, second = run("soup", 5, soup=2), run("five", 5), run("six", 6)
+    moved = [k for k in first if not torch.equal(first[k], second[k])]
+    assert moved  # the two seeds trained apart: their mean is neither
+    for key in first:
+        torch.testing.assert_close(soup[key].double(), (first[key].double() + second[key].double()) / 2)
+    log = [json.loads(line) for line in (tmp_path / "soup" / "log.jsonl").read_text().splitlines()]
+    assert [(line["seed"], line["step"]) for line in log] == [(5, 1), (5, 2), (5, 3), (6, 1), (6, 2), (6, 3)]
+
+
 @pytest.mark.parametrize(
     "change,message",
     [
+        (lambda r: r["embedding"].update(soup=0), "embedding.soup must be a positive integer"),
         (lambda r: r["embedding"].update(pairz=3), r"Unknown key\(s\) in embedding: pairz"),
         (lambda r: r["embedding"].update(loss="triplet"), "embedding.loss must be one of"),
         (lambda r: r["embedding"].update(hard_negatives="yes"), "embedding.hard_negatives must be true or false"),

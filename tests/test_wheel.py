@@ -111,6 +111,7 @@ TINY = [
     "embedding.anchor_words=8",
     "embedding.mini_batch_size=4",
     "embedding.teacher=4",
+    "embedding.soup=1",
 ]
 
 

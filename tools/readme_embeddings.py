@@ -35,9 +35,10 @@ TARGET = 0.8  # issue 23: passkey accuracy at 4x the original length after train
 # Untrained models first: the stock model and the extensions (the retrieval evaluation's run, one folder per task),
 # then the stride placement; then the recipe's runs (copy init as the recipe says, and stride init with --set).
 UNTRAINED = ("untrained/{task}", "trained/stride-untrained")
-TRAINED = ("trained-exact", "trained-teacher", "trained-stride", "trained")  # then any other trained-* run, by name
-# The runs of the recipe as shipped (stride init; trained/ holds the copy init it had first): the README's verdict.
-RECIPE_RUN = "trained-exact"
+TRAINED = ("trained-soup", "trained-exact", "trained-teacher", "trained-stride", "trained")  # then any other trained-*
+# The runs of the recipe as shipped (four runs averaged; trained-exact/ holds single runs of it, trained/ the copy
+# init it had first): the README's verdict.
+RECIPE_RUN = "trained-soup"
 # The stock model's chunk baselines (posswap eval posswap:minilm --baselines chunk-mean chunk-max), and the long
 # models with their late chunks (--baselines late-chunk-max), on the same documents.
 CHUNKING = ("baselines/{task}", "late-chunks/{task}")
@@ -141,15 +142,19 @@ def training_line(path: Path) -> str | None:
     if not path.is_file():
         return None
     run = json.loads(path.read_text())
-    part = max(1, len(run["losses"]) // 4)  # at least one step at each end
+    soup = run["recipe"].get("embedding", {}).get("soup", 1)  # runs averaged, their losses one after the other
+    each = len(run["losses"]) // soup
+    losses = [run["losses"][i * each : (i + 1) * each] for i in range(soup)]
+    part = max(1, each // 4)  # at least one step at each end
     block = run["recipe"].get("posswap") or {}
     init = block.get("mode") or block.get("method") or "unpatched"  # the command alone does not say: defaults change
     cpu = f"{run['cpu_seconds'] / 60:.1f} min of CPU" if run.get("cpu_seconds") is not None else "CPU time not recorded"
+    runs = f"{soup} runs (averaged) of " if soup > 1 else ""
     return (
-        f"- Training ({path.parent.name}, {init} init): `{run['command']}`: {run['steps']} steps of {run['batch_size']} (passage, document) pairs, "
+        f"- Training ({path.parent.name}, {init} init): `{run['command']}`: {runs}{run['steps']} steps of {run['batch_size']} (passage, document) pairs, "
         f"{run['wall_seconds'] / 60:.1f} min wall ({cpu}) on {run['machine']}; "
-        f"loss, mean of the first and of the last quarter of the steps: {quarter(run['losses'][:part])} "
-        f"-> {quarter(run['losses'][-part:])}."
+        f"loss, mean of the first and of the last quarter of the steps{' of each run' if soup > 1 else ''}: "
+        f"{quarter([x for r in losses for x in r[:part]])} -> {quarter([x for r in losses for x in r[-part:]])}."
     )
 
 

@@ -36,16 +36,41 @@ FLAG = "train.output_dir: model folder"
 
 def train_embedding(recipe: Recipe, raw, resume: bool, callbacks, overwrite: bool, force: bool) -> Path:
     """Run an embedding recipe; returns the folder of the trained sentence-transformers model."""
-    from sentence_transformers import SentenceTransformerTrainer
-
     t, e = recipe.train, recipe.embedding
     if resume or force:
         raise ValueError("--resume / --force: an embedding recipe keeps no checkpoints to resume; run it again.")
     check_before_work(recipe, False, overwrite, False)  # the model folder, old checkpoints, a Hub login
     run_dir, final_dir = Path(t.output_dir), Path(t.output_dir) / "model"
-    torch.manual_seed(t.seed)
+    log = JsonLog(run_dir / "log.jsonl", callbacks)
+    total: dict[str, torch.Tensor] = {}
+    for i in range(e.soup):  # each run as a one-run recipe with train.seed + i would train it
+        model = train_once(recipe, t.seed + i, run_dir, log, raw if i == 0 else None)
+        if e.soup > 1:
+            for name, value in model.state_dict().items():
+                total[name] = total.get(name, 0) + value.detach().double()
+    if e.soup > 1:
+        model.load_state_dict(
+            {name: (value / e.soup).to(model.state_dict()[name].dtype) for name, value in total.items()}
+        )
+    model.eval()
+    local = local_source(recipe.model)
+    write_folder(final_dir, lambda folder: save(model, folder), overwrite=overwrite, source=local, flag=FLAG)
+    with contextlib.suppress(OSError):  # the trainer's own folder, empty: it saves nothing (save_strategy "no")
+        (run_dir / "trainer").rmdir()
+    if recipe.push_to_hub:
+        push_run(recipe, final_dir, run_dir, describe=False)  # sentence-transformers' card describes the training
+    return final_dir
+
+
+def train_once(recipe: Recipe, seed: int, run_dir: Path, log: JsonLog, raw) -> nn.Module:
+    """One training of the recipe's model with ``seed`` (its pairs, order and teacher texts); the recipe's files
+    are written beside it first when ``raw`` is given (the first run, once its inputs are known to be good)."""
+    from sentence_transformers import SentenceTransformerTrainer
+
+    t, e = recipe.train, recipe.embedding
+    torch.manual_seed(seed)
     model = load_sentence_model(recipe)
-    taught = teacher_rows(model, recipe.data.train, e.teacher, e.anchor_words, t.seed, recipe.data.text_column)
+    taught = teacher_rows(model, recipe.data.train, e.teacher, e.anchor_words, seed, recipe.data.text_column)
     patch_as_the_recipe_says(model, recipe)
     check_document_lengths(model, e.document_lengths)
     transformer = transformer_module(model).auto_model
@@ -61,34 +86,30 @@ def train_embedding(recipe: Recipe, raw, resume: bool, callbacks, overwrite: boo
         e.document_lengths,
         e.pairs,
         e.anchor_words,
-        t.seed,
+        seed,
         recipe.data.text_column,
         e.hard_negatives,
     )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "recipe.yaml").write_text(yaml.safe_dump(raw or {}, sort_keys=False))
-    (run_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=1) + "\n")
+    if raw is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "recipe.yaml").write_text(yaml.safe_dump(raw or {}, sort_keys=False))
+        (run_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=1) + "\n")
+        log.start()
+    log.model, log.seed = model, seed if e.soup > 1 else None
     trainer = SentenceTransformerTrainer(
         model=model,
-        args=training_arguments(recipe, run_dir),
+        args=training_arguments(recipe, run_dir, seed),
         train_dataset=pairs if taught is None else datasets.DatasetDict({"pairs": pairs, "teacher": taught}),
         loss=ranking_loss(model, e)
         if taught is None
         else {"pairs": ranking_loss(model, e), "teacher": TeacherLoss(model)},
         optimizers=optimizer_and_schedule(model, positions, t),
-        callbacks=[JsonLog(run_dir / "log.jsonl", model, callbacks)],
+        callbacks=[log],
     )
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(LossBar())
     trainer.train()
-    model.eval()
-    local = local_source(recipe.model)
-    write_folder(final_dir, lambda folder: save(model, folder), overwrite=overwrite, source=local, flag=FLAG)
-    with contextlib.suppress(OSError):  # the trainer's own folder, empty: it saves nothing (save_strategy "no")
-        (run_dir / "trainer").rmdir()
-    if recipe.push_to_hub:
-        push_run(recipe, final_dir, run_dir, describe=False)  # sentence-transformers' card describes the training
-    return final_dir
+    return model
 
 
 def check_document_lengths(model, lengths: list[int]) -> None:
@@ -133,7 +154,7 @@ def optimizer_and_schedule(model: nn.Module, positions: set[int], t):
     return optimizer, get_cosine_schedule_with_warmup(optimizer, t.warmup_steps, t.max_steps)
 
 
-def training_arguments(recipe: Recipe, run_dir: Path):
+def training_arguments(recipe: Recipe, run_dir: Path, seed: int):
     from sentence_transformers import SentenceTransformerTrainingArguments
     from sentence_transformers.base.sampler import BatchSamplers
 
@@ -147,8 +168,8 @@ def training_arguments(recipe: Recipe, run_dir: Path):
         logging_steps=t.log_every,
         save_strategy="no",  # a Trainer checkpoint pickles the optimizer; posswap writes safetensors only
         report_to=[],
-        seed=t.seed,
-        data_seed=t.seed,
+        seed=seed,
+        data_seed=seed,
         use_cpu=not torch.cuda.is_available(),
         dataloader_drop_last=True,
         batch_sampler=BatchSamplers.NO_DUPLICATES,  # a repeated passage would be its own false negative
@@ -159,17 +180,23 @@ def training_arguments(recipe: Recipe, run_dir: Path):
 
 
 class JsonLog(TrainerCallback):
-    """``log.jsonl`` lines (step, loss, lr) as the MLM/CLM loop writes them; ``callbacks`` get
-    ``(step, loss, model)`` at each logged step."""
+    """``log.jsonl`` lines (step, loss, lr; and the run's seed in a soup) as the MLM/CLM loop writes them;
+    ``callbacks`` get ``(step, loss, model)`` at each logged step."""
 
-    def __init__(self, path: Path, model: nn.Module, callbacks) -> None:
-        self.path, self.model, self.callbacks = path, model, list(callbacks)
-        path.write_text("")
+    def __init__(self, path: Path, callbacks) -> None:
+        self.path, self.callbacks = path, list(callbacks)
+        self.model: nn.Module | None = None
+        self.seed: int | None = None
+
+    def start(self) -> None:
+        self.path.write_text("")
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "loss" not in logs:
             return
         line = {"step": state.global_step, "loss": logs["loss"], "lr": logs.get("learning_rate")}
+        if self.seed is not None:
+            line["seed"] = self.seed
         with open(self.path, "a") as f:
             f.write(json.dumps(line) + "\n")
         for callback in self.callbacks:

@@ -49,6 +49,14 @@ class EmbeddingSpec:
         },
     )
 
+    soup: int = field(
+        default=1,
+        metadata={
+            "help": "Runs trained from the same start with seeds train.seed, train.seed + 1, ..., and saved as one "
+            "model with their weights averaged (a uniform model soup, Wortsman et al. 2022). 1: one run."
+        },
+    )
+
     def validate(self, max_length: int | None) -> None:
         check_positive_int("embedding.anchor_words", self.anchor_words)  # the lengths are checked against it
         if not isinstance(self.document_lengths, list) or not self.document_lengths:
@@ -79,6 +87,7 @@ class EmbeddingSpec:
         check_number("embedding.scale", self.scale, above=0)
         if self.dropout is not None:
             check_number("embedding.dropout", self.dropout, minimum=0, below=1)
+        check_positive_int("embedding.soup", self.soup)
         if isinstance(self.teacher, bool) or not isinstance(self.teacher, int) or self.teacher < 0:
             raise ValueError(
                 f"embedding.teacher must be a whole number of texts >= 0 (0: none), got {shown(self.teacher)}."
