@@ -20,6 +20,7 @@ from posswap.cli import main
 from posswap.data import read_document
 from posswap.portable.posswap_functional import resample_positions, resample_table
 from posswap.training.embedding_data import document_pairs
+from posswap.training.recipe import recipe_from_dict
 
 st = pytest.importorskip("sentence_transformers")
 
@@ -153,6 +154,15 @@ def test_embedding_recipe_runs_end_to_end(tiny_st, text_file, tmp_path, capsys, 
     )
     table = lambda m: m[0].auto_model.embeddings.position_embeddings.weight  # noqa: E731
     assert not torch.equal(table(trained), table(untrained))
+
+
+def test_a_run_from_python_without_the_raw_recipe_writes_its_files_and_a_fresh_log(tiny_st, text_file, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "log.jsonl").write_text('{"step": 99, "loss": 0.0}\n')  # an earlier run's log: replaced, not appended to
+    posswap.train(recipe_from_dict(recipe(tiny_st, text_file, run)))
+    assert {"recipe.yaml", "recipe.json", "log.jsonl", "model"} <= {p.name for p in run.iterdir()}
+    assert [json.loads(line)["step"] for line in (run / "log.jsonl").read_text().splitlines()] == [1, 2, 3]
 
 
 def test_a_soup_is_the_average_of_the_runs_its_seeds_train(tiny_st, text_file, tmp_path):

@@ -11,10 +11,12 @@ is the mean of its seeds' runs). Refuses folders whose weights do not match name
 from __future__ import annotations
 
 import argparse
+import itertools
 from pathlib import Path
 
 from posswap.evaluation.retrieval import load_embedding_model
 from posswap.sentence_models import save
+from posswap.training.embedding import mean_weights
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -24,14 +26,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.out.exists():
         raise SystemExit(f"{args.out} exists; give a new folder.")
-    models = [load_embedding_model(run) for run in args.runs]
-    states = [model.state_dict() for model in models]
-    if any(state.keys() != states[0].keys() for state in states):
-        raise SystemExit("The runs' weights differ in their names: not runs of one recipe.")
-    total = {name: sum(state[name].double() for state in states) for name in states[0]}
-    models[0].load_state_dict({name: (value / len(states)).to(states[0][name].dtype) for name, value in total.items()})
-    save(models[0].eval(), args.out)
-    print(f"Wrote {args.out}: the mean of {len(states)} runs.")
+    model = load_embedding_model(args.runs[0])
+    others = (load_embedding_model(run).state_dict() for run in args.runs[1:])
+    try:
+        model.load_state_dict(mean_weights(itertools.chain([model.state_dict()], others)))
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+    save(model.eval(), args.out)
+    print(f"Wrote {args.out}: the mean of {len(args.runs)} runs.")
 
 
 if __name__ == "__main__":

@@ -43,7 +43,9 @@ def mixer(model):
 
 
 def log_n_scaler(model):
-    """A function of P that scales every BERT self-attention's logits by (log n / log 512)^P for n > 512 tokens."""
+    """A function of P that scales every BERT self-attention's logits by (log n / log 512)^P for n > 512 tokens.
+    It sets each module's ``scaling`` before that module's forward: one thread at a time (a trial, not a patch;
+    posswap's own methods keep per-call values out of the modules)."""
     power = [0.0]
     attentions = [m for m in model.modules() if type(m).__name__ == "BertSelfAttention"]
     for module in attentions:

@@ -6,17 +6,16 @@ from __future__ import annotations
 from ..evaluation import Results
 from ..evaluation.harness import paired_gap
 from ..training.distill import DISTILLED
-from .plan import EXTEND
-from .scoring import ORIGINAL, loss_metric
+from .plan import DISTILL_WEIGHT, EXTEND
+from .scoring import ORIGINAL, loss_metric, window_losses
 
 
 def _gap(results: Results, a: str, b: str, length: int, metric: str) -> str:
     """``a`` minus ``b`` at ``length``, ± the paired standard error ("-" where either lacks the windows)."""
-    i = results.lengths.index(length)
-    windows = [results.models[n].metrics.get(f"{metric}_windows") for n in (a, b)]
-    if any(w is None for w in windows):
+    windows = [window_losses(results, n, results.lengths.index(length), metric) for n in (a, b)]
+    if None in windows:
         return "-"
-    gap, se = paired_gap(windows[0][i], windows[1][i])
+    gap, se = paired_gap(*windows)
     return f"{gap:+.3f}" + (f" ± {se:.3f}" if se is not None else "")
 
 
@@ -42,7 +41,8 @@ def distill_lines(spec, results: Results, train_seconds: dict, causal: bool) -> 
         "training minutes without / with",
     ]
     lines = [
-        f"What the unpatched model as teacher (`train.distill`, weight 1, on each window's first {spec.length} tokens) "
+        f"What the unpatched model as teacher (`train.distill`, weight {DISTILL_WEIGHT:g}, on each window's first "
+        f"{spec.length} tokens) "
         f"buys: {metric} gaps ± paired standard error over the same windows (negative: lower loss). At {spec.length} "
         f"the teacher's own length, against the original; at {EXTEND}x and beyond, the run with the teacher against "
         "the one without. Training minutes include the held-out checks of the crossover curve (runs from different "

@@ -12,7 +12,7 @@ from ..evaluation.harness import paired_gap
 from ..evaluation.plots import plt, save_figure
 from .distill_report import distill_lines
 from .plan import EXTEND
-from .scoring import BASELINE, ORIGINAL, OTHER_MASKS, SLIDING, load_sets, loss_metric
+from .scoring import BASELINE, ORIGINAL, OTHER_MASKS, SLIDING, load_sets, loss_metric, window_losses
 
 NAMES = {"gpt2": "Reference GPT-2", "minilm": "MiniLM (all-MiniLM-L6-v2 + MLM head)"}
 SETS = {
@@ -93,13 +93,6 @@ def ranking(results: Results, length: int, causal: bool, names) -> str | None:
         gap, se = paired_gap(windows[name], windows[best])
         gaps.append(f"`{name}` +{gap:.3f}" + (f" ± {se:.3f}" if se is not None else ""))
     return f"Ranked by {metric} at {length} tokens, gap to the best ± paired standard error: " + "; ".join(gaps) + "."
-
-
-def window_losses(results: Results, name: str, i: int, metric: str) -> list[float] | None:
-    """``name``'s per-window losses at ``results.lengths[i]`` (None where the model or the windows are missing)."""
-    model = results.models.get(name)
-    found = model.metrics.get(f"{metric}_windows") if model is not None else None
-    return found[i] if found is not None else None
 
 
 def cross_length_gap(long: list[float], short: list[float]) -> tuple[float, float | None]:

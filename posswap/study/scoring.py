@@ -29,6 +29,13 @@ def loss_metric(causal: bool) -> str:
     return "loss" if causal else "mlm_loss"
 
 
+def window_losses(results: Results, name: str, i: int, metric: str) -> list[float] | None:
+    """``name``'s per-window losses at ``results.lengths[i]`` (None where the model or the windows are missing)."""
+    model = results.models.get(name)
+    found = model.metrics.get(f"{metric}_windows") if model is not None else None
+    return found[i] if found is not None else None
+
+
 def identity(model) -> dict:
     """What a score depends on, of the model: its folder and the time its weights were written (a retrained run
     is a new model), or, untrained, the recipe that builds it (an object with ``raw``)."""

@@ -11,6 +11,7 @@ at a time) -> SentenceTransformerTrainer (cosine schedule, no checkpoints: the t
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 from pathlib import Path
 
@@ -42,16 +43,10 @@ def train_embedding(recipe: Recipe, raw, resume: bool, callbacks, overwrite: boo
     check_before_work(recipe, False, overwrite, False)  # the model folder, old checkpoints, a Hub login
     run_dir, final_dir = Path(t.output_dir), Path(t.output_dir) / "model"
     log = JsonLog(run_dir / "log.jsonl", callbacks)
-    total: dict[str, torch.Tensor] = {}
-    for i in range(e.soup):  # each run as a one-run recipe with train.seed + i would train it
-        model = train_once(recipe, t.seed + i, run_dir, log, raw if i == 0 else None)
-        if e.soup > 1:
-            for name, value in model.state_dict().items():
-                total[name] = total.get(name, 0) + value.detach().double()
-    if e.soup > 1:
-        model.load_state_dict(
-            {name: (value / e.soup).to(model.state_dict()[name].dtype) for name, value in total.items()}
-        )
+    model = train_once(recipe, t.seed, run_dir, log, raw, first=True)
+    if e.soup > 1:  # each run as a one-run recipe with train.seed + i would train it; one more in memory at a time
+        others = (train_once(recipe, t.seed + i, run_dir, log, raw).state_dict() for i in range(1, e.soup))
+        model.load_state_dict(mean_weights(itertools.chain([model.state_dict()], others)))
     model.eval()
     local = local_source(recipe.model)
     write_folder(final_dir, lambda folder: save(model, folder), overwrite=overwrite, source=local, flag=FLAG)
@@ -62,9 +57,9 @@ def train_embedding(recipe: Recipe, raw, resume: bool, callbacks, overwrite: boo
     return final_dir
 
 
-def train_once(recipe: Recipe, seed: int, run_dir: Path, log: JsonLog, raw) -> nn.Module:
-    """One training of the recipe's model with ``seed`` (its pairs, order and teacher texts); the recipe's files
-    are written beside it first when ``raw`` is given (the first run, once its inputs are known to be good)."""
+def train_once(recipe: Recipe, seed: int, run_dir: Path, log: JsonLog, raw, first: bool = False) -> nn.Module:
+    """One training of the recipe's model with ``seed`` (its pairs, order and teacher texts); the ``first`` run
+    writes the recipe's files and starts the log, once its inputs are known to be good."""
     from sentence_transformers import SentenceTransformerTrainer
 
     t, e = recipe.train, recipe.embedding
@@ -90,7 +85,7 @@ def train_once(recipe: Recipe, seed: int, run_dir: Path, log: JsonLog, raw) -> n
         recipe.data.text_column,
         e.hard_negatives,
     )
-    if raw is not None:
+    if first:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "recipe.yaml").write_text(yaml.safe_dump(raw or {}, sort_keys=False))
         (run_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=1) + "\n")
@@ -110,6 +105,22 @@ def train_once(recipe: Recipe, seed: int, run_dir: Path, log: JsonLog, raw) -> n
     trainer.add_callback(LossBar())
     trainer.train()
     return model
+
+
+def mean_weights(states) -> dict[str, torch.Tensor]:
+    """The mean of state dicts with the same names (any iterable: each is added as it comes, summed in float64),
+    in the first one's dtypes: a uniform model soup of runs from the same start."""
+    total: dict[str, torch.Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    count = 0
+    for state in states:
+        if total and state.keys() != total.keys():
+            raise ValueError("The runs' weights differ in their names: not runs of one recipe.")
+        for name, value in state.items():
+            dtypes.setdefault(name, value.dtype)
+            total[name] = total[name] + value.detach().double() if name in total else value.detach().double()
+        count += 1
+    return {name: (value / count).to(dtypes[name]) for name, value in total.items()}
 
 
 def check_document_lengths(model, lengths: list[int]) -> None:
