@@ -9,11 +9,17 @@ import textwrap
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two test processes on two cores (pytest -n 2): one thread each, and in every subprocess they start.
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 import huggingface_hub
 import pytest
 import torch
 import transformers
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 from hub_server import HubStandIn
 
 import posswap

@@ -43,8 +43,8 @@ def base(tmp_path_factory) -> Path:
     return root
 
 
-def recipe(base: Path, out: Path, batch_size: int) -> dict:
-    # save_every reaches max_steps: FSDP writes no resumable checkpoint.
+def recipe(base: Path, out: Path, batch_size: int, save_every: int = STEPS) -> dict:
+    # save_every reaches max_steps by default: FSDP writes no resumable checkpoint.
     return {
         "model": str(base / "gpt2"),
         "posswap": {"method": "rope", "max_length": 64},
@@ -55,7 +55,7 @@ def recipe(base: Path, out: Path, batch_size: int) -> dict:
             "batch_size": batch_size,
             "lr": 3e-3,
             "warmup_steps": 0,
-            "save_every": STEPS,
+            "save_every": save_every,
             "log_every": 1,
         },
     }
@@ -88,11 +88,13 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def launch(config: str, base: Path, tmp_path: Path) -> tuple[Path, subprocess.CompletedProcess]:
+def launch(
+    config: str, base: Path, tmp_path: Path, save_every: int = STEPS
+) -> tuple[Path, subprocess.CompletedProcess]:
     """``posswap train`` under ``accelerate launch --config_file config``: two processes of two windows each."""
     out = tmp_path / "run"
     path = tmp_path / "recipe.yaml"
-    path.write_text(yaml.safe_dump(recipe(base, out, batch_size=2)))
+    path.write_text(yaml.safe_dump(recipe(base, out, batch_size=2, save_every=save_every)))
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / config)]
     command += ["--main_process_port", str(free_port()), "-m", "posswap", "train", str(path)]
     # No GPU in sight, so that the configs run on the CPU on any machine.
@@ -103,11 +105,22 @@ def launch(config: str, base: Path, tmp_path: Path) -> tuple[Path, subprocess.Co
 
 
 def test_cpu_ddp_loss_equals_one_process_on_the_same_global_batch(base, one_process, tmp_path):
-    out, _ = launch("cpu-ddp.yaml", base, tmp_path)
+    out, _ = launch("cpu-ddp.yaml", base, tmp_path, save_every=STEPS - 1)
     # One line a step: the main process alone writes the log (two writers would double it).
     assert len(losses(out)) == STEPS
     assert losses(out) == pytest.approx(losses(one_process), rel=1e-5)
     assert torch.allclose(logits(out / "model"), logits(one_process / "model"), atol=1e-4)
+    # Its checkpoint resumes both processes: the world size, and each process's random state.
+    checkpoint = out / f"checkpoint-{STEPS - 1}"
+    assert json.loads((checkpoint / "state.json").read_text())["world_size"] == PROCESSES
+    assert all((checkpoint / f"rng-{rank}.safetensors").is_file() for rank in range(PROCESSES))
+
+
+def test_the_gpu_ddp_config_is_the_cpu_one_but_for_the_device():
+    """recipes/accelerate/ddp.yaml runs only where there are GPUs; cpu-ddp.yaml, launched above, is it on the CPU."""
+    gpu, cpu = (yaml.safe_load((CONFIGS / name).read_text()) for name in ("ddp.yaml", "cpu-ddp.yaml"))
+    assert gpu.pop("use_cpu") is False and cpu.pop("use_cpu") is True and gpu.pop("gpu_ids") == "all"
+    assert gpu == cpu
 
 
 def test_cpu_fsdp_shards_and_writes_the_model_one_process_trains(base, one_process, tmp_path):

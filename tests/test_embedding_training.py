@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import tokenizers
 import torch
 import transformers
 import yaml
@@ -17,9 +18,9 @@ from test_sentence_transformers import tiny_sentence_transformer
 
 import posswap
 from posswap.cli import main
-from posswap.data import read_document
+from posswap.data import GPT2_TOKENIZER_DIR, read_document
 from posswap.portable.posswap_functional import resample_positions, resample_table
-from posswap.training.embedding_data import document_pairs
+from posswap.training.embedding_data import document_pairs, tokenized_sources
 from posswap.training.recipe import recipe_from_dict
 
 st = pytest.importorskip("sentence_transformers")
@@ -94,6 +95,21 @@ def test_pairs_come_from_one_document(text_file, minilm_path):
     assert again.to_dict() == pairs.to_dict()  # seeded
     other = document_pairs(str(text_file), tokenizer, [64, 128], pairs=12, anchor_words=8, seed=4)
     assert other["positive"] != pairs["positive"]
+
+
+def test_sources_are_tokenised_once_per_tokenizer(text_file, minilm_path):
+    """The pairs and the teacher's texts of each run of a soup read one tokenisation; another tokenizer (or the
+    same one with other settings) gets its own, equal to tokenising by hand."""
+    first = transformers.AutoTokenizer.from_pretrained(minilm_path)
+    texts, offsets = tokenized_sources(str(text_file), first, "text")
+    again = tokenized_sources(str(text_file), transformers.AutoTokenizer.from_pretrained(minilm_path), "text")
+    assert again[1] is offsets  # a second load of the same tokenizer: kept
+    cased = transformers.AutoTokenizer.from_pretrained(minilm_path)
+    cased.backend_tokenizer.normalizer = tokenizers.normalizers.BertNormalizer(lowercase=False)
+    for tokenizer in (cased, transformers.AutoTokenizer.from_pretrained(GPT2_TOKENIZER_DIR)):
+        _, theirs = tokenized_sources(str(text_file), tokenizer, "text")
+        by_hand = tokenizer(texts[0], add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        assert theirs[0].tolist() == [list(span) for span in by_hand] and theirs[0].tolist() != offsets[0].tolist()
 
 
 def test_a_hard_negative_differs_from_its_document_only_in_the_passage(text_file, minilm_path):

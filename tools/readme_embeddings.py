@@ -35,7 +35,15 @@ TARGET = 0.8  # issue 23: passkey accuracy at 4x the original length after train
 # Untrained models first: the stock model and the extensions (the retrieval evaluation's run, one folder per task),
 # then the stride placement; then the recipe's runs (copy init as the recipe says, and stride init with --set).
 UNTRAINED = ("untrained/{task}", "trained/stride-untrained")
-TRAINED = ("trained-soup", "trained-exact", "trained-teacher", "trained-stride", "trained")  # then any other trained-*
+TRAINED = (
+    "trained-soup",
+    "trained-soup8",
+    "trained-soup12",
+    "trained-exact",
+    "trained-teacher",
+    "trained-stride",
+    "trained",
+)  # then any other trained-*
 # The runs of the recipe as shipped (four runs averaged; trained-exact/ holds single runs of it, trained/ the copy
 # init it had first): the README's verdict.
 RECIPE_RUN = "trained-soup"
@@ -69,6 +77,12 @@ def merged(untrained: dict, trained: dict) -> dict:
 
 
 SEED = re.compile(r"^(?P<base>.+)-seed(?P<seed>\d+)$")
+
+
+def is_seed_of(name: str, run: str) -> bool:
+    """``run-seedN``: the same recipe as ``run`` with another seed (not ``run8-seedN``, another recipe's)."""
+    match = SEED.match(name)
+    return bool(match) and match["base"] == run
 
 
 def seed_groups(results: dict) -> dict:
@@ -250,7 +264,9 @@ def chunking_block(root: Path, task: str) -> list[str]:
         raise SystemExit(f"readme_embeddings: no {task} results in {', '.join(missing)}; run the evaluation first.")
     results = merged(load(folders[0]), load(folders[1]))
     # The shipped recipe's runs (one column, its seeds' mean and spread), where they were scored on this task.
-    recipe = sorted(p.name for p in root.glob(f"{RECIPE_RUN}*") if p.name == RECIPE_RUN or SEED.match(p.name))
+    recipe = sorted(
+        p.name for p in root.glob(f"{RECIPE_RUN}*") if p.name == RECIPE_RUN or is_seed_of(p.name, RECIPE_RUN)
+    )
     for folder in run_folders(root, recipe, task):
         if (folder / "retrieval.json").is_file() and load(folder)["task"] == task:
             results = merged(results, load(folder))

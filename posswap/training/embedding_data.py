@@ -7,6 +7,8 @@ search differ only in their needle. Seeded; built with ``datasets``."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 import datasets
@@ -32,13 +34,7 @@ def document_pairs(
     ``negative`` column too, the document with the anchor's words replaced by ``anchor_words`` words drawn
     elsewhere (a few tokens longer or shorter than the document, within the model's reading limit after
     truncation)."""
-    raw = load_text_dataset(spec, text_column=text_column, default_split="train")
-    texts = [text for text in raw[text_column] if isinstance(text, str) and text.strip()]
-    # Offsets map tokens back to characters: a document is an exact slice of its source text.
-    offsets = [
-        tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)["offset_mapping"]
-        for text in texts
-    ]
+    texts, offsets = tokenized_sources(spec, tokenizer, text_column)
     special = tokenizer.num_special_tokens_to_add(pair=False)
     sizes = np.array([len(o) for o in offsets], dtype=float)
     longest = max(lengths) - special
@@ -64,6 +60,40 @@ def document_pairs(
             rows["negative"].append(" ".join(words[:first] + swapped + words[first + anchor_words :]))
         rows["positive"].append(document)
     return datasets.Dataset.from_dict(rows)
+
+
+# The last sources tokenised: a recipe cuts its pairs and its teacher's texts from the same text with the same
+# tokenizer, once per run of a soup (3 s a time for the Austen split).
+_TOKENIZED: dict[tuple, tuple[list[str], list[np.ndarray]]] = {}
+
+
+def tokenized_sources(spec: str, tokenizer: Any, text_column: str) -> tuple[list[str], list[np.ndarray]]:
+    """The non-empty texts of ``spec`` and, per text, its tokens' (start, end) character offsets: they map tokens
+    back to characters, so a document is an exact slice of its source text. Kept for the next call with the same
+    data and an identical tokenizer (a slow tokenizer is not kept)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    key = (spec, text_column, tokenizer_fingerprint(backend)) if backend else None
+    if key is not None and key in _TOKENIZED:
+        return _TOKENIZED[key]
+    raw = load_text_dataset(spec, text_column=text_column, default_split="train")
+    texts = [text for text in raw[text_column] if isinstance(text, str) and text.strip()]
+    offsets = [
+        np.array(
+            tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)["offset_mapping"]
+        )
+        for text in texts
+    ]
+    if key is not None:
+        _TOKENIZED.clear()
+        _TOKENIZED[key] = texts, offsets
+    return texts, offsets
+
+
+def tokenizer_fingerprint(backend: Any) -> str:
+    """A hash of a fast tokenizer's serialised state, less the truncation and padding that each call sets."""
+    state = json.loads(backend.to_str())
+    state.pop("truncation", None), state.pop("padding", None)
+    return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
 
 
 def replacement_words(texts: list[str], rng: np.random.Generator, count: int, anchor: str) -> list[str]:
