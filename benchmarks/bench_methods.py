@@ -340,6 +340,7 @@ def write_json(path: Path, rows: list[dict], args) -> None:
         "size": args.size,
         "model": ("BertModel" if args.size in ENCODERS else "GPT2Model") + f" {model_shape(args)}, random weights",
         "device": args.device,
+        **({"gpu": torch.cuda.get_device_name(args.device)} if args.device.startswith("cuda") else {}),
         "threads": args.threads or torch.get_num_threads(),
         "torch": torch.__version__,
         "machine": platform.processor() or platform.machine(),

@@ -255,6 +255,38 @@ def speed_block(root: Path) -> list[str]:
     return [*lines, "", "Each run's command (`results/speed/`): " + "; ".join(f"`{c}`" for c in commands) + "."]
 
 
+def gpu_block(root: Path) -> list[str]:
+    """On a GPU (``results/gpu/``): the kernels' agreement with eager (benchmarks/gpu_kernels.py), then time and
+    peak memory of a training step against stock (bench_methods' JSON)."""
+    lines = []
+    for path in sorted(root.glob("*kernels*.json")):
+        run = json.loads(path.read_text())
+        rows = [row for row in run["rows"] if "output_rel_diff" in row]
+        failed = [f"{r['arch']} {r['method']} {r['backend']}" for r in run["rows"] if "error" in r]
+        methods = sorted({r["method"] for r in rows})
+        lines.append(
+            f"- `{path.stem}` ({run['device']}, torch {run['torch']}, transformers {run['transformers']}, "
+            f"{run['length']} tokens, batch 2): {', '.join(methods)} on {' and '.join(sorted({r['arch'] for r in rows}))}"
+            f" through {' and '.join(sorted({r['backend'] for r in rows}))} differ from eager by at most "
+            f"{max(r['output_rel_diff'] for r in rows):.1e} in the output and {max(r['grad_rel_diff_max'] for r in rows):.1e} "
+            f"in any gradient (relative to the largest value); {'failed: ' + ', '.join(failed) if failed else 'none failed'}. "
+            f"`{run['command']}`."
+        )
+    lines += [
+        "",
+        "| run | length | pass | variant | tokens/s | time vs stock | memory vs stock |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    runs = [(path, json.loads(path.read_text())) for path in sorted(root.glob("*.json")) if "kernels" not in path.stem]
+    for path, run in runs:
+        for row in run["rows"]:
+            lines.append(
+                f"| `{path.stem}` | {row['length']} | {row['pass']} | {row['variant']} | {row['tokens_per_s']:,.0f} | "
+                f"{row['time_vs_stock_paired']:.2f} | {row['memory_vs_stock']:.2f} |"
+            )
+    return [*lines, "", "Each run's command: " + "; ".join(f"`{run['command']}`" for _, run in runs) + "."]
+
+
 def chunking_block(root: Path, task: str) -> list[str]:
     """The stock model's chunk baselines beside the long models' one vector and their late chunks, then per length
     which wins: one vector, the stock model's best chunk, or the long model's best late chunk."""
@@ -374,6 +406,7 @@ def blocks(results: Path, speed: Path) -> dict[str, list[str]]:
         "passkey-summary": retrieval_block(results, "passkey", summary=True),
         "needle": retrieval_block(results, "needle"),
         "speed": speed_block(speed),
+        **({"gpu": gpu_block(gpu)} if (gpu := results.parent / "gpu").is_dir() else {}),
         **({"demo": demo_block(results.parent / "demo")} if (results.parent / "demo" / "demo.json").is_file() else {}),
         **(
             {"4k": long_recipe_block(long)}
