@@ -90,6 +90,61 @@ def test_distillation_keeps_the_trained_model_closer_to_the_original(sharp, tmp_
     assert "distill" not in (tmp_path / "plain" / "log.jsonl").read_text()
 
 
+@pytest.fixture(scope="module")
+def sharp_maps(sharp, tmp_path_factory) -> Path:
+    """``sharp``'s GPT-2 with q and k x 4 in every layer: attention that picks positions (a random tiny model's is
+    nearly uniform, and every map would be close to every other)."""
+    root = tmp_path_factory.mktemp("sharp-maps")
+    (root / "text.txt").write_text((sharp / "text.txt").read_text())
+    model = HEADS["gpt2"].from_pretrained(sharp / "gpt2")
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.attn.c_attn.weight[:, : 2 * model.config.n_embd] *= 8
+    model.save_pretrained(root / "gpt2")
+    transformers.AutoTokenizer.from_pretrained(sharp / "gpt2").save_pretrained(root / "gpt2")
+    return root
+
+
+def heldout_map_kl(original, trained, tokenizer) -> list[float]:
+    """Per layer, KL(original's row || trained's row) per query on held-out windows of the original's length,
+    both models in eager attention: by hand, not by the loop."""
+    ids = tokenizer(read_document("emma")[330_000:334_000], add_special_tokens=False)["input_ids"]
+    windows = torch.tensor(ids[: 8 * OLD_LENGTH]).view(8, OLD_LENGTH)
+    with torch.no_grad():
+        p = original(input_ids=windows, output_attentions=True).attentions
+        q = trained(input_ids=windows, output_attentions=True).attentions
+    return [
+        (a.double() * (a.double().clamp_min(1e-30).log() - b.double().clamp_min(1e-30).log())).sum(-1).mean().item()
+        for a, b in zip(p, q, strict=True)
+    ]
+
+
+def test_attention_layers_keep_the_maps_closer_to_the_original(sharp_maps, tmp_path):
+    """RoPE drops the table the maps were built on: with the maps in the loss they stay nearer the original's than
+    with the logits alone, on held-out text within the original's length."""
+    logits = run(make_raw(sharp_maps, tmp_path / "logits", "gpt2", "rope", {"weight": 1.0}, max_steps=12))
+    maps = run(
+        make_raw(
+            sharp_maps, tmp_path / "maps", "gpt2", "rope", {"weight": 1.0, "attention_layers": [0, 1]}, max_steps=12
+        )
+    )
+    original = HEADS["gpt2"].from_pretrained(sharp_maps / "gpt2", attn_implementation="eager").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(sharp_maps / "gpt2")
+    kl = {
+        name: heldout_map_kl(
+            original, posswap.from_pretrained(str(folder), attn_implementation="eager").eval(), tokenizer
+        )
+        for name, folder in (("logits", logits), ("maps", maps))
+    }
+    print(f"held-out attention KL per layer {kl}")
+    assert all(m < 0.8 * lo for m, lo in zip(kl["maps"], kl["logits"], strict=True)), kl
+    lines = [json.loads(line) for line in (tmp_path / "maps" / "log.jsonl").read_text().splitlines()]
+    assert all(line["distill_attention_kl"] > 0 for line in lines)
+    assert "distill_attention_kl" not in (tmp_path / "logits" / "log.jsonl").read_text()
+    # The student runs in its own kernel again after each eager pass.
+    assert posswap.from_pretrained(str(maps)).config._attn_implementation != "eager"
+
+
 def test_weight_zero_is_the_plain_run_exactly(sharp, tmp_path, monkeypatch):
     loads = []
     monkeypatch.setattr("posswap.training.distill.load_teacher", lambda *args: loads.append(args))
@@ -110,9 +165,14 @@ def test_weight_zero_is_the_plain_run_exactly(sharp, tmp_path, monkeypatch):
         ({"weight": 1, "temperature": 0}, "train.distill.temperature must be a number > 0, got 0."),
         (
             {"weight": 1, "temprature": 2},
-            "Unknown key(s) in train.distill: temprature. Known keys: weight, temperature.",
+            "Unknown key(s) in train.distill: temprature. Known keys: weight, temperature, attention_layers.",
         ),
         (3, "train.distill must be a mapping, got int."),
+        ({"weight": 1, "attention_layers": 0}, "train.distill.attention_layers must be a list of layer numbers >= 0"),
+        ({"weight": 1, "attention_layers": [0, -1]}, "train.distill.attention_layers must be a list of layer numbers"),
+        ({"weight": 1, "attention_layers": [True]}, "train.distill.attention_layers must be a list of layer numbers"),
+        ({"weight": 1, "attention_layers": [1, 1]}, "train.distill.attention_layers names a layer twice: [1, 1]."),
+        ({"weight": 1, "attention_layers": [2]}, "train.distill.attention_layers: 2 is not a layer of"),
     ],
 )
 def test_bad_values_are_one_line_naming_the_key_before_any_work(sharp, tmp_path, capsys, distill, message):

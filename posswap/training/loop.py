@@ -37,7 +37,7 @@ from .checkpoint import (
 )
 from .cpu_fsdp import full_state_dict, shard, shards_on_cpu
 from .data import packed_windows, with_repeated_spans
-from .distill import Distiller, make_distiller
+from .distill import Distiller, check_attention_layers, make_distiller
 from .objectives import batch_preparer, stack_windows
 from .optimizer import MAX_GRAD_NORM, group_settings, parameter_groups
 from .recipe import Recipe
@@ -139,6 +139,7 @@ def hold_run_dir(run_dir: Path) -> Iterator[None]:
 def _train(recipe: Recipe, raw, resume: bool, callbacks, overwrite: bool, force: bool) -> Path:
     """One training run, as nanoGPT reads: check -> build -> resume -> train each stage -> save, evaluate, push."""
     checkpoint = check_before_work(recipe, resume, overwrite, force)
+    check_attention_layers(recipe)
     accelerator, cpu_fsdp = _accelerator(recipe.train)
     if checkpoint is not None and (cpu_fsdp or accelerator.distributed_type == DistributedType.FSDP):
         raise ValueError(
