@@ -97,13 +97,18 @@ def test_pairs_come_from_one_document(text_file, minilm_path):
     assert other["positive"] != pairs["positive"]
 
 
-def test_sources_are_tokenised_once_per_tokenizer(text_file, minilm_path):
+def test_sources_are_tokenised_once_per_tokenizer(text_file, minilm_path, tmp_path):
     """The pairs and the teacher's texts of each run of a soup read one tokenisation; another tokenizer (or the
     same one with other settings) gets its own, equal to tokenising by hand."""
     first = transformers.AutoTokenizer.from_pretrained(minilm_path)
     texts, offsets = tokenized_sources(str(text_file), first, "text")
     again = tokenized_sources(str(text_file), transformers.AutoTokenizer.from_pretrained(minilm_path), "text")
     assert again[1] is offsets  # a second load of the same tokenizer: kept
+    edited = tmp_path / "edited.txt"
+    edited.write_text(text_file.read_text())
+    before = tokenized_sources(str(edited), first, "text")[1]
+    edited.write_text("A new text entirely, " * 40)
+    assert tokenized_sources(str(edited), first, "text")[1][0].tolist() != before[0].tolist()  # an edit is read
     cased = transformers.AutoTokenizer.from_pretrained(minilm_path)
     cased.backend_tokenizer.normalizer = tokenizers.normalizers.BertNormalizer(lowercase=False)
     for tokenizer in (cased, transformers.AutoTokenizer.from_pretrained(GPT2_TOKENIZER_DIR)):

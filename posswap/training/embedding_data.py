@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 import datasets
@@ -72,7 +73,7 @@ def tokenized_sources(spec: str, tokenizer: Any, text_column: str) -> tuple[list
     back to characters, so a document is an exact slice of its source text. Kept for the next call with the same
     data and an identical tokenizer (a slow tokenizer is not kept)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    key = (spec, text_column, tokenizer_fingerprint(backend)) if backend else None
+    key = (spec, source_stamp(spec), text_column, tokenizer_fingerprint(backend)) if backend else None
     if key is not None and key in _TOKENIZED:
         return _TOKENIZED[key]
     raw = load_text_dataset(spec, text_column=text_column, default_split="train")
@@ -87,6 +88,15 @@ def tokenized_sources(spec: str, tokenizer: Any, text_column: str) -> tuple[list
         _TOKENIZED.clear()
         _TOKENIZED[key] = texts, offsets
     return texts, offsets
+
+
+def source_stamp(spec: str) -> tuple:
+    """Size and time of change of a local data file (or of each file of a folder): an edited file is read again."""
+    path = Path(spec)
+    if not path.exists():
+        return ()  # an embedded split or a Hub dataset: fixed for the process
+    files = sorted(path.rglob("*")) if path.is_dir() else [path]
+    return tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file())
 
 
 def tokenizer_fingerprint(backend: Any) -> str:
