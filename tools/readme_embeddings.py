@@ -37,7 +37,8 @@ TARGET = 0.8  # issue 23: passkey accuracy at 4x the original length after train
 UNTRAINED = ("untrained/{task}", "trained/stride-untrained")
 TRAINED = (
     "trained-soup",
-    "trained-soup8",
+    "trained-soup8-seeds0-7",
+    "trained-soup8-seeds4-11",
     "trained-soup12",
     "trained-exact",
     "trained-teacher",
