@@ -222,6 +222,12 @@ def test_a_soup_is_the_average_of_the_runs_its_seeds_train(tiny_st, text_file, t
         (lambda r: r["embedding"].update(anchor_words="abc"), "embedding.anchor_words must be a positive integer"),
         # No posswap block: the model reads its own 64 tokens, and a 256-token document would be cut.
         (lambda r: r.update(posswap=None), "document_lengths entry 256 is longer than the model reads .64 tokens."),
+        (lambda r: r["embedding"].update(chunk_teacher=-1), "embedding.chunk_teacher must be a whole number"),
+        (lambda r: r["embedding"].update(chunk_teacher=True), "embedding.chunk_teacher must be a whole number"),
+        (
+            lambda r: r.update(posswap=None) or r["embedding"].update(chunk_teacher=4, document_lengths=[64]),
+            "embedding.chunk_teacher needs a posswap: block",
+        ),
     ],
 )
 def test_bad_embedding_recipe_is_one_line_and_writes_nothing(tiny_st, text_file, tmp_path, capsys, change, message):
@@ -377,4 +383,48 @@ def test_an_embedding_recipe_with_a_teacher_trains_on_both(tiny_st, text_file, t
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert [line["step"] for line in log] == [1, 2, 3, 4]
     # The teacher's batches are 1 - cosine (at most 2), the ranking batches a cross-entropy over 4 documents.
+    assert any(line["loss"] < 0.5 for line in log) and any(line["loss"] > 0.5 for line in log), log
+
+
+def test_the_chunk_teachers_rows_are_the_unpatched_models_pieces(tiny_st, text_file):
+    from posswap.evaluation.chunking import split_into_chunks
+    from posswap.training.embedding_chunks import LateChunkLoss, chunk_teacher_rows
+
+    model = st.SentenceTransformer(str(tiny_st), device="cpu")  # reads 64 tokens
+    rows = chunk_teacher_rows(model, str(text_file), 3, 256, seed=0, text_column="text")
+    assert chunk_teacher_rows(model, str(text_file), 0, 256, seed=0, text_column="text") is None
+    labels = torch.tensor(rows["label"]).view(3, -1, 32)  # tiny_st's width
+    for text, label in zip(rows["text"], labels):
+        pieces = split_into_chunks(model.tokenizer, text, 64)
+        assert 4 <= len(pieces) <= 5 and len(model.tokenizer(text)["input_ids"]) <= 256
+        torch.testing.assert_close(
+            label[: len(pieces)], model.encode(pieces, convert_to_tensor=True), atol=1e-6, rtol=0
+        )
+        assert not label[len(pieces) :].any()  # zero rows pad a label to the longest one's count
+
+    # The loss, by hand: the patched model's token outputs over each piece's 62 text tokens ([CLS] before the
+    # first), averaged, against the pieces' vectors read alone.
+    posswap.patch(model, posswap.InterpolateConfig(256, "stride"))
+    loss = LateChunkLoss(model, 64)
+    features = model.preprocess(rows["text"])
+    by_hand = []
+    with torch.no_grad():
+        for text, label in zip(rows["text"], labels):
+            text_tokens = model.encode([text], output_value="token_embeddings")[0][1:-1]  # no [CLS], [SEP]
+            means = torch.stack([text_tokens[s : s + 62].mean(0) for s in range(0, len(text_tokens), 62)])
+            count = min(len(means), int(label.abs().sum(-1).gt(0).sum()))
+            by_hand.append((1 - torch.nn.functional.cosine_similarity(means[:count], label[:count], dim=-1)).mean())
+        assert float(loss([features], labels.flatten(1))) == pytest.approx(float(torch.stack(by_hand).mean()), abs=1e-5)
+
+
+def test_an_embedding_recipe_with_a_chunk_teacher_trains_on_both(tiny_st, text_file, tmp_path):
+    path = tmp_path / "recipe.yaml"
+    spec = recipe(tiny_st, text_file, tmp_path / "run")
+    spec["embedding"]["chunk_teacher"] = 8
+    spec["train"]["max_steps"] = 4  # 2 batches of pairs, 2 of the chunk teacher's documents
+    path.write_text(yaml.safe_dump(spec))
+    assert main(["train", str(path)]) == 0
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in log] == [1, 2, 3, 4]
+    # The chunk teacher's batches are 1 - cosine of nearby vectors (small), the ranking batches a cross-entropy.
     assert any(line["loss"] < 0.5 for line in log) and any(line["loss"] > 0.5 for line in log), log

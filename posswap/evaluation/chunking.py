@@ -71,16 +71,22 @@ def late_chunks(model: Any, texts: list[str], chunk_tokens: int = 256, batch_siz
 
 def _check_late_chunking(model: Any, texts: list[str], chunk_tokens: int) -> int:
     """The index of the model's pooling module, after one-line checks of every argument."""
-    from ..sentence_models import is_sentence_transformer
-
-    if not is_sentence_transformer(model):
-        raise ValueError(
-            f"late_chunks needs a sentence-transformers model (its token outputs and pooling); got {type(model).__name__}."
-        )
     if isinstance(texts, str) or not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
         raise ValueError("texts must be a list of strings; for one text, pass [text].")
     if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be a positive whole number of tokens; got {chunk_tokens!r}.")
+    return mean_pooling_index(model, "late_chunks")
+
+
+def mean_pooling_index(model: Any, user: str) -> int:
+    """The index of a sentence-transformers model's mean Pooling module; ``user`` (what needs it) names the error
+    otherwise."""
+    from ..sentence_models import is_sentence_transformer
+
+    if not is_sentence_transformer(model):
+        raise ValueError(
+            f"{user} needs a sentence-transformers model (its token outputs and pooling); got {type(model).__name__}."
+        )
     modules = list(model)
     pooling_at = next((i for i, m in enumerate(modules) if type(m).__name__ == "Pooling"), None)
     pooling = modules[pooling_at] if pooling_at is not None else None
@@ -88,7 +94,7 @@ def _check_late_chunking(model: Any, texts: list[str], chunk_tokens: int) -> int
     mode = getattr(pooling, "pooling_mode", None) or (pooling.get_pooling_mode_str() if pooling is not None else None)
     if mode != "mean":
         raise ValueError(
-            f"late_chunks mean-pools each chunk, and this model pools with {mode or 'no Pooling module'}: its chunk "
+            f"{user} mean-pools each chunk, and this model pools with {mode or 'no Pooling module'}: its chunk "
             "vectors would not be what it was trained to give. Use a model with mean pooling."
         )
     return pooling_at

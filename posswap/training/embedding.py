@@ -25,6 +25,7 @@ from ..files import write_folder
 from ..loading import load_sentence_transformer, resolve_model_id
 from ..patching import patch, patched_config
 from ..sentence_models import save, transformer_module
+from .embedding_chunks import LateChunkLoss, chunk_teacher_rows
 from .embedding_data import document_pairs
 from .embedding_teacher import TeacherLoss, teacher_rows
 from .optimizer import MAX_GRAD_NORM, parameter_groups
@@ -66,6 +67,10 @@ def train_once(recipe: Recipe, seed: int, run_dir: Path, log: JsonLog, raw, firs
     torch.manual_seed(seed)
     model = load_sentence_model(recipe)
     taught = teacher_rows(model, recipe.data.train, e.teacher, e.anchor_words, seed, recipe.data.text_column)
+    old_limit = transformer_module(model).max_seq_length
+    chunked = chunk_teacher_rows(
+        model, recipe.data.train, e.chunk_teacher, max(e.document_lengths), seed, recipe.data.text_column
+    )
     patch_as_the_recipe_says(model, recipe)
     check_document_lengths(model, e.document_lengths)
     transformer = transformer_module(model).auto_model
@@ -94,10 +99,7 @@ def train_once(recipe: Recipe, seed: int, run_dir: Path, log: JsonLog, raw, firs
     trainer = SentenceTransformerTrainer(
         model=model,
         args=training_arguments(recipe, run_dir, seed),
-        train_dataset=pairs if taught is None else datasets.DatasetDict({"pairs": pairs, "teacher": taught}),
-        loss=ranking_loss(model, e)
-        if taught is None
-        else {"pairs": ranking_loss(model, e), "teacher": TeacherLoss(model)},
+        **datasets_and_losses(model, e, pairs, taught, chunked, old_limit),
         optimizers=optimizer_and_schedule(model, positions, t),
         callbacks=[log],
     )
@@ -105,6 +107,19 @@ def train_once(recipe: Recipe, seed: int, run_dir: Path, log: JsonLog, raw, firs
     trainer.add_callback(LossBar())
     trainer.train()
     return model
+
+
+def datasets_and_losses(model, e, pairs, taught, chunked, old_limit: int) -> dict:
+    """The trainer's ``train_dataset`` and ``loss``: the pairs alone, or a dataset and a loss per teacher beside
+    them (sentence-transformers draws each step's batch from one of them, in proportion to their sizes)."""
+    sets, losses = {"pairs": pairs}, {"pairs": ranking_loss(model, e)}
+    if taught is not None:
+        sets["teacher"], losses["teacher"] = taught, TeacherLoss(model)
+    if chunked is not None:
+        sets["chunks"], losses["chunks"] = chunked, LateChunkLoss(model, old_limit)
+    if len(sets) == 1:
+        return {"train_dataset": pairs, "loss": losses["pairs"]}
+    return {"train_dataset": datasets.DatasetDict(sets), "loss": losses}
 
 
 def mean_weights(states) -> dict[str, torch.Tensor]:

@@ -48,6 +48,14 @@ class EmbeddingSpec:
             "with its embedding then, trained with 1 - cosine beside the pairs: keeps what it gave there. 0: none."
         },
     )
+    chunk_teacher: int = field(
+        default=0,
+        metadata={
+            "help": "Documents of the longest length, cut into pieces of the model's old limit, each with its "
+            "embedding before the patch: the model's token outputs over each piece, in the whole document, are "
+            "trained with 1 - cosine to it (late chunks read as the pieces were read alone). 0: none."
+        },
+    )
 
     soup: int = field(
         default=1,
@@ -88,10 +96,12 @@ class EmbeddingSpec:
         if self.dropout is not None:
             check_number("embedding.dropout", self.dropout, minimum=0, below=1)
         check_positive_int("embedding.soup", self.soup)
-        if isinstance(self.teacher, bool) or not isinstance(self.teacher, int) or self.teacher < 0:
-            raise ValueError(
-                f"embedding.teacher must be a whole number of texts >= 0 (0: none), got {shown(self.teacher)}."
-            )
+        for name in ("teacher", "chunk_teacher"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(
+                    f"embedding.{name} must be a whole number of texts >= 0 (0: none), got {shown(value)}."
+                )
 
 
 def check_embedding_recipe(recipe: Any, defaults: Any) -> None:
@@ -116,11 +126,12 @@ def check_embedding_recipe(recipe: Any, defaults: Any) -> None:
             f"embedding.pairs ({recipe.embedding.pairs}) is fewer than one optimizer step takes (train.batch_size x "
             f"train.grad_accum = {t.batch_size * t.grad_accum}); raise embedding.pairs."
         )
-    if recipe.embedding.teacher and recipe.posswap is None:
-        raise ValueError(
-            "embedding.teacher needs a posswap: block: the teacher is the model before the recipe patches it, and "
-            "without a patch it would be the model itself."
-        )
+    for name in ("teacher", "chunk_teacher"):
+        if getattr(recipe.embedding, name) and recipe.posswap is None:
+            raise ValueError(
+                f"embedding.{name} needs a posswap: block: the teacher is the model before the recipe patches it, "
+                "and without a patch it would be the model itself."
+            )
     if t.batch_size < 2 and not recipe.embedding.hard_negatives:  # one document, no negative: the loss is 0
         raise ValueError(
             f"train.batch_size ({t.batch_size}) must be at least 2 for an embedding recipe: the ranking loss's "
