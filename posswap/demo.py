@@ -28,13 +28,17 @@ BASELINES = ["chunk-mean", "chunk-max", "late-chunk-max"]
 
 
 def demo_recipe(steps: int, output_dir: Path):
-    """The shipped recipe cut to ``steps`` optimizer steps (same batch, so 8 pairs a step) of one run (the recipe
-    averages several: its ``embedding.soup``), writing to ``output_dir``."""
-    batch = load_recipe(DEMO_RECIPE)[0].train.batch_size
+    """The shipped recipe cut to ``steps`` optimizer steps of pairs (same batch, so 8 pairs a step) of one run (the
+    recipe averages several: its ``embedding.soup``), writing to ``output_dir``. Its chunk teacher's documents
+    keep their proportion to the pairs, in whole batches, their steps on top as in the recipe."""
+    shipped = load_recipe(DEMO_RECIPE)[0]
+    batch, e = shipped.train.batch_size, shipped.embedding
+    chunk_batches = round(e.chunk_teacher * steps / e.pairs)
     overrides = {
-        "train.max_steps": steps,
+        "train.max_steps": steps + chunk_batches,
         "train.output_dir": str(output_dir),
         "embedding.pairs": steps * batch,
+        "embedding.chunk_teacher": chunk_batches * batch,
         "embedding.soup": 1,
     }
     return load_recipe(DEMO_RECIPE, [f"{key}={value}" for key, value in overrides.items()])
@@ -48,8 +52,9 @@ def trained_model(steps: int, run_dir: Path, overwrite: bool, timings: dict) -> 
         print(f"Reusing the model trained earlier with the same recipe: {model_dir} (--overwrite trains again).")
         return model_dir
     print(
-        f"Training the patched model for {steps} steps of {recipe.train.batch_size} pairs ({DEMO_RECIPE}, shortened "
-        "to one run of the several it averages)."
+        f"Training the patched model for {steps} steps of {recipe.train.batch_size} pairs"
+        + (f" and {recipe.train.max_steps - steps} of its chunk teacher" if recipe.train.max_steps > steps else "")
+        + f" ({DEMO_RECIPE}, shortened to one run of the several it averages)."
     )
     start = time.perf_counter()
     ours = (run_dir / "recipe.json").is_file()  # an earlier demo's run folder: its model may be replaced

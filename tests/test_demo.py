@@ -53,7 +53,10 @@ def test_the_shortened_recipe_is_the_shipped_one_but_for_its_length(tmp_path):
     shipped, _ = load_recipe(demo.DEMO_RECIPE)
     short, _ = demo.demo_recipe(5, tmp_path / "run")
     assert short.posswap == shipped.posswap and short.model == shipped.model
-    assert short.train.max_steps == 5 and short.embedding.pairs == 5 * shipped.train.batch_size
+    # The chunk teacher's documents in the recipe's proportion to the pairs, whole batches, their steps on top.
+    chunk_batches = round(shipped.embedding.chunk_teacher / shipped.embedding.pairs * 5)
+    assert short.embedding.pairs == 5 * shipped.train.batch_size and short.train.max_steps == 5 + chunk_batches
+    assert short.embedding.chunk_teacher == chunk_batches * shipped.train.batch_size
     assert short.train.lr == shipped.train.lr and short.embedding.document_lengths == shipped.embedding.document_lengths
     assert short.train.output_dir == str(tmp_path / "run")
     assert shipped.embedding.soup > 1 and short.embedding.soup == 1  # one run of the soup: the demo's minutes

@@ -36,6 +36,8 @@ TARGET = 0.8  # issue 23: passkey accuracy at 4x the original length after train
 # then the stride placement; then the recipe's runs (copy init as the recipe says, and stride init with --set).
 UNTRAINED = ("untrained/{task}", "trained/stride-untrained")
 TRAINED = (
+    "trained-chunks64-soup",
+    "trained-chunks64",
     "trained-soup",
     "trained-soup8-seeds0-7",
     "trained-soup8-seeds4-11",
@@ -45,9 +47,12 @@ TRAINED = (
     "trained-stride",
     "trained",
 )  # then any other trained-*
-# The runs of the recipe as shipped (four runs averaged; trained-exact/ holds single runs of it, trained/ the copy
-# init it had first): the README's verdict.
-RECIPE_RUN = "trained-soup"
+# The runs of the recipe as shipped (four runs with the chunk teacher averaged; trained-chunks64*/ holds single
+# runs of it, trained-soup*/ the soups before the chunk teacher, trained/ the copy init it had first): the
+# README's verdict.
+RECIPE_RUN = "trained-chunks64-soup"
+# A run's batches besides the pairs (the trainer takes them in turn): the recipe keys that add them.
+TEACHERS = {"teacher": "teacher's texts", "chunk_teacher": "chunk teacher's documents"}
 # The stock model's chunk baselines (posswap eval posswap:minilm --baselines chunk-mean chunk-max), and the long
 # models with their late chunks (--baselines late-chunk-max), on the same documents.
 CHUNKING = ("baselines/{task}", "late-chunks/{task}")
@@ -165,8 +170,11 @@ def training_line(path: Path) -> str | None:
     init = block.get("mode") or block.get("method") or "unpatched"  # the command alone does not say: defaults change
     cpu = f"{run['cpu_seconds'] / 60:.1f} min of CPU" if run.get("cpu_seconds") is not None else "CPU time not recorded"
     runs = f"{soup} runs (averaged) of " if soup > 1 else ""
+    embedding = run["recipe"].get("embedding", {})
+    teachers = [f"{embedding[k]} {what}" for k, what in TEACHERS.items() if embedding.get(k)]
+    batches = "(passage, document) pairs" + (f" and, in turn, of {' and '.join(teachers)}" if teachers else "")
     return (
-        f"- Training ({path.parent.name}, {init} init): `{run['command']}`: {runs}{run['steps']} steps of {run['batch_size']} (passage, document) pairs, "
+        f"- Training ({path.parent.name}, {init} init): `{run['command']}`: {runs}{run['steps']} steps of {run['batch_size']} {batches}, "
         f"{run['wall_seconds'] / 60:.1f} min wall ({cpu}) on {run['machine']}; "
         f"loss, mean of the first and of the last quarter of the steps{' of each run' if soup > 1 else ''}: "
         f"{quarter([x for r in losses for x in r[:part]])} -> {quarter([x for r in losses for x in r[-part:]])}."

@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("time_log", type=Path)
     parser.add_argument("out", type=Path)
+    parser.add_argument("--machine-note", default="", help="how the run shared the machine, e.g. its thread count")
     args = parser.parse_args(argv)
     recipe = json.loads((args.run_dir / "recipe.json").read_text())
     logged = [json.loads(line) for line in (args.run_dir / "log.jsonl").read_text().splitlines()]
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> None:
         "document_lengths": recipe["embedding"]["document_lengths"],
         "wall_seconds": timed["wall_seconds"],
         "cpu_seconds": timed["cpu_seconds"],
-        "machine": f"{len(os.sched_getaffinity(0))} CPU cores, of which the run got {timed['cpu_share']}%",
+        "machine": f"{len(os.sched_getaffinity(0))} CPU cores, of which the run got {timed['cpu_share']}%"
+        + (f" ({args.machine_note})" if args.machine_note else ""),
         "losses": losses,
         "recipe": recipe,
     }
