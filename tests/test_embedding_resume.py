@@ -44,6 +44,7 @@ TINY = [
     "embedding.anchor_words=8",
     "embedding.mini_batch_size=4",
     "embedding.teacher=4",  # one batch of the teacher's texts beside the two of pairs
+    "embedding.chunk_teacher=4",  # and one of the chunk teacher's documents (the recipe's 64 would be 16 batches)
     "embedding.soup=1",  # one run of the four the recipe averages (the soup: test_embedding_training)
     "data.train=posswap:austen-heldout",  # one novel: a fifth of the tokenising
 ]
@@ -221,6 +222,10 @@ BAD = [
     ("embedding.teacher=true", "embedding.teacher must be a whole number of texts >= 0"),
     ("embedding.teacher=2.5", "embedding.teacher must be a whole number of texts >= 0"),
     ("posswap=null embedding.teacher=8", "embedding.teacher needs a posswap: block"),
+    ("embedding.chunk_teacher=-1", "embedding.chunk_teacher must be a whole number of texts >= 0"),
+    ("embedding.chunk_teacher=true", "embedding.chunk_teacher must be a whole number of texts >= 0"),
+    ("embedding.chunk_teacher=2.5", "embedding.chunk_teacher must be a whole number of texts >= 0"),
+    ("posswap=null embedding.teacher=0 embedding.chunk_teacher=8", "embedding.chunk_teacher needs a posswap: block"),
     ("embedding.pairz=3", "Unknown key(s) in embedding: pairz"),
     ("embedding=5", "embedding must be a mapping"),
     # train: what sentence-transformers' trainer and the optimizer read
