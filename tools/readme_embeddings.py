@@ -171,8 +171,8 @@ def training_line(path: Path) -> str | None:
     cpu = f"{run['cpu_seconds'] / 60:.1f} min of CPU" if run.get("cpu_seconds") is not None else "CPU time not recorded"
     runs = f"{soup} runs (averaged) of " if soup > 1 else ""
     embedding = run["recipe"].get("embedding", {})
-    teachers = [f"{embedding[k]} {what}" for k, what in TEACHERS.items() if embedding.get(k)]
-    batches = "(passage, document) pairs" + (f" and, in turn, of {' and '.join(teachers)}" if teachers else "")
+    teachers = [f"the {what} ({embedding[k]})" for k, what in TEACHERS.items() if embedding.get(k)]
+    batches = "(passage, document) pairs" + (f", in turn with {' and '.join(teachers)}" if teachers else "")
     return (
         f"- Training ({path.parent.name}, {init} init): `{run['command']}`: {runs}{run['steps']} steps of {run['batch_size']} {batches}, "
         f"{run['wall_seconds'] / 60:.1f} min wall ({cpu}) on {run['machine']}; "
