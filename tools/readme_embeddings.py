@@ -215,7 +215,9 @@ def retrieval_block(root: Path, task: str, summary: bool = False) -> list[str]:
     (``summary``: on the shipped recipe's runs only, without the training lines)."""
     results, found, runs = merged_results(root, task)
     names = list(results["models"])
-    untrained = {name for folder in found if not folder.name.startswith("trained") for name in load(folder)["models"]}
+    # The untrained folders' models (a run's needle results sit in <run>/needle/: the folder name does not say).
+    before = {root / f.format(task=task) for f in UNTRAINED}
+    untrained = {name for folder in found if folder in before for name in load(folder)["models"]}
     trained = [name for name in names if name not in untrained and "untrained" not in name]
     lines = [*table(results), "", caption(results)]
     if not trained:

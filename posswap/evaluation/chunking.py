@@ -62,11 +62,17 @@ def late_chunks(model: Any, texts: list[str], chunk_tokens: int = 256, batch_siz
         chunks = []
         for outputs in tokens:
             pooled = torch.stack([piece.mean(dim=0) for piece in torch.split(outputs, chunk_tokens)])
-            features = {"sentence_embedding": pooled}
-            for module in list(model)[pooling_at + 1 :]:
-                features = module(features)
-            chunks.append(features["sentence_embedding"].detach().float().cpu())
+            chunks.append(after_pooling(model, pooling_at, pooled).detach().float().cpu())
     return chunks
+
+
+def after_pooling(model: Any, pooling_at: int, pooled: torch.Tensor) -> torch.Tensor:
+    """Mean-pooled vectors through the model's modules after its pooling (normalisation, dense), as a sentence
+    embedding goes: what a chunk's vector is."""
+    features = {"sentence_embedding": pooled}
+    for module in list(model)[pooling_at + 1 :]:
+        features = module(features)
+    return features["sentence_embedding"]
 
 
 def _check_late_chunking(model: Any, texts: list[str], chunk_tokens: int) -> int:

@@ -66,11 +66,11 @@ def train_once(recipe: Recipe, seed: int, run_dir: Path, log: JsonLog, raw, firs
     t, e = recipe.train, recipe.embedding
     torch.manual_seed(seed)
     model = load_sentence_model(recipe)
-    taught = teacher_rows(model, recipe.data.train, e.teacher, e.anchor_words, seed, recipe.data.text_column)
     old_limit = transformer_module(model).max_seq_length
-    chunked = chunk_teacher_rows(
+    chunked = chunk_teacher_rows(  # first: it checks the model's pooling before either teacher encodes
         model, recipe.data.train, e.chunk_teacher, max(e.document_lengths), seed, recipe.data.text_column
     )
+    taught = teacher_rows(model, recipe.data.train, e.teacher, e.anchor_words, seed, recipe.data.text_column)
     patch_as_the_recipe_says(model, recipe)
     check_document_lengths(model, e.document_lengths)
     transformer = transformer_module(model).auto_model

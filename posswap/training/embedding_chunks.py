@@ -1,6 +1,6 @@
 """The model's own chunks as a teacher for its late chunks (``embedding.chunk_teacher``): documents of the recipe's
 longest length, cut into the pieces the model read whole before its patch (its old limit, special tokens counted,
-:func:`~posswap.evaluation.chunking.split_into_chunks`), each piece with its embedding then. Trained with
+:func:`~posswap.evaluation.chunking.chunk_vectors`), each piece with its embedding then. Trained with
 ``1 - cosine`` between that embedding and the patched model's token outputs over the same piece, mean-pooled,
 while it reads the whole document: each part of a long input is then read as the stock model read it alone, which
 is what late chunking needs (untrained, a late chunk of 2048 tokens is read worse than the same chunk alone)."""
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..evaluation.chunking import mean_pooling_index, split_into_chunks
+from ..evaluation.chunking import after_pooling, chunk_vectors, mean_pooling_index
 from ..sentence_models import transformer_module
 from .embedding_data import document_pairs
 
@@ -30,16 +30,8 @@ def chunk_teacher_rows(
     mean_pooling_index(model, "embedding.chunk_teacher")  # before any work: the pieces are mean-pooled
     limit = transformer_module(model).max_seq_length
     texts = document_pairs(spec, model.tokenizer, [length], rows, 1, seed + 2, text_column)["positive"]
-    pieces = [split_into_chunks(model.tokenizer, text, limit) for text in texts]
-    with torch.no_grad():
-        flat = model.encode(
-            [piece for chunks in pieces for piece in chunks],
-            batch_size=8,
-            convert_to_tensor=True,
-            show_progress_bar=False,
-        )
-    vectors = torch.split(flat.float().cpu(), [len(chunks) for chunks in pieces])
-    most = max(len(chunks) for chunks in pieces)
+    vectors = chunk_vectors(model, texts, limit)  # the stock model's plain chunks, each read alone
+    most = max(len(v) for v in vectors)
     labels = [F.pad(v, (0, 0, 0, most - len(v))).flatten().tolist() for v in vectors]
     return datasets.Dataset.from_dict({"text": texts, "label": labels})
 
@@ -66,7 +58,7 @@ class LateChunkLoss(nn.Module):
         self.model = model
         self.special = model.tokenizer.num_special_tokens_to_add(pair=False)
         self.piece_tokens = chunk_tokens - self.special
-        self.after_pooling = list(model)[mean_pooling_index(model, "embedding.chunk_teacher") + 1 :]
+        self.pooling_at = mean_pooling_index(model, "embedding.chunk_teacher")
 
     def forward(self, sentence_features, labels: torch.Tensor) -> torch.Tensor:
         out = self.model(sentence_features[0])
@@ -74,9 +66,6 @@ class LateChunkLoss(nn.Module):
         losses = []
         for pooled, target in zip(means, labels.view(len(means), -1, means[0].shape[-1])):
             pieces = min(len(pooled), int((target.abs().sum(dim=-1) > 0).sum()))  # a token more or less: as many
-            features = {"sentence_embedding": pooled[:pieces]}
-            for module in self.after_pooling:
-                features = module(features)
-            student = features["sentence_embedding"]
+            student = after_pooling(self.model, self.pooling_at, pooled[:pieces])
             losses.append((1 - F.cosine_similarity(student, target[:pieces].to(student), dim=-1)).mean())
         return torch.stack(losses).mean()
