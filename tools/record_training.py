@@ -5,7 +5,9 @@ retrieval results) from the run folder and the ``/usr/bin/time -v`` log of the c
     python tools/record_training.py out/minilm-embed-2k-seed1 train.log results/embeddings/trained-seed1/training.json
 
 Reads ``log.jsonl`` (the loss of each step) and ``recipe.json`` (the resolved recipe) of the run folder; from the
-time log the command, wall and CPU seconds, and the share of this machine's cores the run got.
+time log the command, wall and CPU seconds, and the share of this machine's cores the run got. A run started
+without ``/usr/bin/time``: ``-`` for the time log, with ``--command`` and ``--wall-seconds`` (from the run folder's
+file times); its CPU time is then recorded as unknown (null), never guessed.
 """
 
 from __future__ import annotations
@@ -31,14 +33,22 @@ def time_log(path: Path) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path)
-    parser.add_argument("time_log", type=Path)
+    parser.add_argument("time_log", help="GNU time's -v report of the command, or - when the run was not timed")
     parser.add_argument("out", type=Path)
     parser.add_argument("--machine-note", default="", help="how the run shared the machine, e.g. its thread count")
+    parser.add_argument("--command", help="the command, for a run without a time log")
+    parser.add_argument("--wall-seconds", type=float, help="its wall time, for a run without a time log")
     args = parser.parse_args(argv)
+    if args.time_log == "-" and (args.command is None or args.wall_seconds is None):
+        parser.error("time_log -: give --command and --wall-seconds (the run was not timed)")
     recipe = json.loads((args.run_dir / "recipe.json").read_text())
     logged = [json.loads(line) for line in (args.run_dir / "log.jsonl").read_text().splitlines()]
     losses = [line["loss"] for line in logged]
-    timed = time_log(args.time_log)
+    if args.time_log == "-":
+        timed = {"command": args.command, "wall_seconds": args.wall_seconds, "cpu_seconds": None, "cpu_share": None}
+    else:
+        timed = time_log(Path(args.time_log))
+    share = "" if timed["cpu_share"] is None else f", of which the run got {timed['cpu_share']}%"
     record = {
         "command": timed["command"],
         "steps": logged[-1]["step"] if logged else 0,  # what ran, not what the recipe asked for
@@ -46,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
         "document_lengths": recipe["embedding"]["document_lengths"],
         "wall_seconds": timed["wall_seconds"],
         "cpu_seconds": timed["cpu_seconds"],
-        "machine": f"{len(os.sched_getaffinity(0))} CPU cores, of which the run got {timed['cpu_share']}%"
+        "machine": f"{len(os.sched_getaffinity(0))} CPU cores{share}"
         + (f" ({args.machine_note})" if args.machine_note else ""),
         "losses": losses,
         "recipe": recipe,
