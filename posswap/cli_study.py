@@ -42,7 +42,7 @@ def add_study(commands) -> None:
         s,
         "--variants",
         metavar="VARIANT",
-        help=f"Subset of {' '.join(VARIANTS)} (default: all; the long phase: the quick phase's best four), each also as "
+        help=f"Subset of {' '.join(VARIANTS)} (default: all; the long phase: the quick phase's best four, or exactly the ones named), each also as "
         "NAME-distill (trained with the unpatched model as teacher, train.distill); the copying presets "
         f"also take {' '.join(copying_only)}.",
     )

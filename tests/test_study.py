@@ -237,6 +237,14 @@ def test_tiny_study_writes_results_and_reuses_finished_runs(bases, tmp_path, cap
     row = next(line for line in summary.splitlines() if line.startswith("| `t5-bias` |"))
     assert row.split(" | ")[3].startswith(f"{gap:+.3f}") and "| `copy` |" not in summary
 
+    # Variants named with --variants: the long phase trains every one of them, not the quick table's best of them.
+    monkeypatch.setattr("posswap.study.runner.LONG_VARIANTS", 1)
+    plain = replace(long, variants=("copy", "t5-bias"))
+    assert len(study.best_of_quick(plain)) == 1
+    assert study.best_of_quick(replace(plain, named_variants=True)) == ("copy", "t5-bias")
+    assert select("full", ["gpt2"], ["copy", "t5-bias"], phase="long")[0].named_variants
+    assert not select("full", ["gpt2"], phase="long")[0].named_variants
+
 
 def test_long_phase_without_the_quick_one_is_refused_before_anything_trains(tmp_path, capsys):
     assert main(["study", "--phase", "long", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "r")]) == 2

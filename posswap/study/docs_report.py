@@ -124,10 +124,11 @@ def phase_section(results_root: Path, base: str, phase: str) -> list[str]:
     runs = [*record.get("earlier_runs", []), record]  # oldest first; a rerun reuses what earlier runs finished
     walls = ", then ".join(f"{run['wall_minutes']:.1f} min" for run in runs)
     machine = record["hardware"]
+    named = f" --variants {' '.join(spec.variants)}" if spec.named_variants else ""  # the run named its variants
     return [
         f"## The {phase} phase",
         "",
-        f"Reproduce: `posswap study --phase {phase} --model {base}` (results in `results/{base}/{phase}/`). Recorded "
+        f"Reproduce: `posswap study --phase {phase} --model {base}{named}` (results in `results/{base}/{phase}/`). Recorded "
         f"wall time: {walls} (a rerun reuses finished runs) on {machine['description']} (torch {machine['torch']}, "
         f"transformers {machine['transformers']}).",
         "",

@@ -99,6 +99,8 @@ class BaseSpec:
     budget: Budget
     eval_tokens: int  # held-out tokens scored per model, length and held-out set
     variants: tuple[str, ...] = VARIANTS
+    # --variants named them: the long phase trains exactly these, not the quick phase's best of them
+    named_variants: bool = False
     baseline: bool = True  # also train the original the same steps at its own length
     head_budget: Budget | None = None  # minilm: the MLM head (tied decoder) trained at 512 first, shared by all
     head_trainable: str = "full"  # what that training changes: "full" (encoder too) or "head" (encoder frozen)
@@ -212,7 +214,7 @@ def select(
     if variants:
         for name in variants:
             variant_patch(name, 1)  # raises for an unknown name
-        specs = tuple(replace(spec, variants=tuple(variants)) for spec in specs)
+        specs = tuple(replace(spec, variants=tuple(variants), named_variants=True) for spec in specs)
     if steps is not None:
         if steps < 1:
             raise ValueError(f"--steps must be a positive number of optimizer steps; got {steps}.")

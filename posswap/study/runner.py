@@ -230,12 +230,15 @@ class Study:
         raise ValueError(f"Unknown base {spec.name!r}.")
 
     def best_of_quick(self, spec: BaseSpec) -> tuple[str, ...]:
-        """The long phase's variants: the ``LONG_VARIANTS`` lowest held-out losses at 4x after the quick budget."""
+        """The long phase's variants: the ``LONG_VARIANTS`` lowest held-out losses at 4x after the quick budget, or
+        every variant ``--variants`` named (a user who names five wants five, not the best four of them)."""
         folder = self.out / spec.name / "quick" / "trained"
         if not (folder / f"{set_name(spec.heldout_data)}.json").exists():
             raise ValueError(
                 f"The long phase trains the best variants of the quick one: run `posswap study --phase quick` first (no {folder})."
             )
+        if spec.named_variants:
+            return spec.variants
         results = load_sets(spec, folder)[spec.heldout_data]
         metric, at = loss_metric(spec.name == "gpt2"), results.lengths.index(EXTEND * spec.length)
         asked = {plain_variant(name) for name in spec.variants}
