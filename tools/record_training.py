@@ -39,12 +39,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--command", help="the command, for a run without a time log")
     parser.add_argument("--wall-seconds", type=float, help="its wall time, for a run without a time log")
     args = parser.parse_args(argv)
-    if args.time_log == "-" and (args.command is None or args.wall_seconds is None):
+    untimed = args.time_log == "-"
+    if untimed and (args.command is None or args.wall_seconds is None):
         parser.error("time_log -: give --command and --wall-seconds (the run was not timed)")
+    if not untimed and (args.command is not None or args.wall_seconds is not None):
+        parser.error("--command and --wall-seconds are for a run without a time log (time_log -); this one has one")
     recipe = json.loads((args.run_dir / "recipe.json").read_text())
     logged = [json.loads(line) for line in (args.run_dir / "log.jsonl").read_text().splitlines()]
     losses = [line["loss"] for line in logged]
-    if args.time_log == "-":
+    if untimed:
         timed = {"command": args.command, "wall_seconds": args.wall_seconds, "cpu_seconds": None, "cpu_share": None}
     else:
         timed = time_log(Path(args.time_log))
