@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -222,6 +223,20 @@ def test_tiny_study_writes_results_and_reuses_finished_runs(bases, tmp_path, cap
     folder = tmp_path / "results" / "gpt2" / "long"
     trained_long = Results.load(folder / "trained" / f"{name}.json")
     assert set(trained_long.models) == {"original", "original (sliding)", "copy", "t5-bias", "t5-bias-distill"}
+    # Its own untrained scores, not the quick phase's (which may come from another original); a -distill variant
+    # is its plain one until it trains.
+    step0_long = Results.load(folder / "step0" / f"{name}.json")
+    assert set(step0_long.models) == {"original", "original (sliding)", "copy", "t5-bias"}
+    first_cells: dict = {}  # the first table's rows: step 0 at 1x and 4x
+    for line in summary.splitlines():
+        if line.startswith("| t5-bias"):
+            first_cells.setdefault(line.split(" | ")[0], line.split(" | ")[1:3])
+    assert first_cells["| t5-bias-distill"] == first_cells["| t5-bias"] != ["", ""]
+    shutil.rmtree(tmp_path / "results" / "gpt2" / "quick" / "step0")
+    assert (
+        Study((long,), tmp_path / "elsewhere", tmp_path / "results").run("x", report_only=True)
+        == (summary.split("\n\nWall time")[0])
+    )
     long_curves = json.loads((folder / "curves.json").read_text())
     assert [s for s, _ in long_curves["curves"]["copy"]] == [1, 2, 3]
     assert weights.stat().st_mtime_ns == stamp  # the quick run is left alone

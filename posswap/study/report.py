@@ -11,7 +11,7 @@ from ..evaluation import Results
 from ..evaluation.harness import paired_gap
 from ..evaluation.plots import plt, save_figure
 from .distill_report import distill_lines
-from .plan import EXTEND
+from .plan import EXTEND, plain_variant
 from .scoring import BASELINE, ORIGINAL, OTHER_MASKS, SLIDING, load_sets, loss_metric, window_losses
 
 NAMES = {"gpt2": "Reference GPT-2", "minilm": "MiniLM (all-MiniLM-L6-v2 + MLM head)"}
@@ -58,6 +58,13 @@ def _row(cells: list) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
+def untrained_result(step0: Results | None, name: str):
+    """``name``'s step-0 scores: a NAME-distill variant is NAME until it trains (None where not scored)."""
+    if step0 is None:
+        return None
+    return step0.models.get(name) or step0.models.get(plain_variant(name))
+
+
 def metric_table(spec, step0: Results | None, after: Results, causal: bool) -> list[str]:
     """One row per model: its untrained numbers (at 1x and 4x), then after training at every length."""
     lengths = after.lengths
@@ -67,7 +74,7 @@ def metric_table(spec, step0: Results | None, after: Results, causal: bool) -> l
     )
     lines = [_row(header), _row(["---"] * len(header))]
     for name, result in after.models.items():
-        first = step0.models.get(name) if step0 is not None else None
+        first = untrained_result(step0, name)
         untrained = [
             scored_cell(first, i, causal) if first is not None and first is not result else ""
             for i in range(len(early))
@@ -246,11 +253,8 @@ def crossover_lines(spec, curves: dict, step0: dict | None) -> list[str]:
         _row(["---"] * (len(checked) + 4)),
     ]
     for name, curve in curves["curves"].items():
-        start = (
-            first_set.models[name].metrics[curves["metric"]][at]
-            if at is not None and name in first_set.models
-            else None
-        )
+        untrained = untrained_result(first_set, name) if at is not None else None
+        start = untrained.metrics[curves["metric"]][at] if untrained is not None else None
         found = 0 if start is not None and start < target else crossover_step(curve, target)
         fair = next((step for step, loss in curve if step in baseline and loss < baseline[step]), None)
         fair_cell = (
@@ -286,11 +290,13 @@ def probe_plot(probe: dict, path: Path) -> Path:
 
 
 def saved_summary(spec, results_root: Path) -> tuple[str, dict, dict | None]:
-    """:func:`base_summary` of ``spec``'s phase from the files its run saved under ``results_root`` (the quick
-    phase's step-0 scores where present), with the crossover curves and the probe (None without one) it read."""
+    """:func:`base_summary` of ``spec``'s phase from the files its run saved under ``results_root`` (its own step-0
+    scores; a long phase saved before it scored its own, the quick phase's), with the crossover curves and the probe
+    (None without one) it read."""
     folder = Path(results_root) / spec.name / spec.phase
-    quick = Path(results_root) / spec.name / "quick" / "step0"
-    step0 = load_sets(spec, quick) if quick.is_dir() else None
+    own, quick = folder / "step0", Path(results_root) / spec.name / "quick" / "step0"
+    first = own if own.is_dir() else quick
+    step0 = load_sets(spec, first) if first.is_dir() else None
     curves = json.loads((folder / "curves.json").read_text())
     probe = json.loads((folder / "probe.json").read_text()) if (folder / "probe.json").is_file() else None
     text = base_summary(spec, step0, load_sets(spec, folder / "trained"), curves, probe, causal=spec.name == "gpt2")

@@ -262,9 +262,13 @@ class Study:
 
         originals = self._timed(f"{spec.name}/eval original", scorer.originals, original, spec.lengths)
         untrained = {n: Untrained(r) for n, r in raws.items()}
-        if spec.phase == "quick":  # the untrained cost of each method; the long phase shows the quick one's
-            step0 = self._timed(f"{spec.name}/eval step 0", scorer.variants, originals, untrained, spec.step0_lengths)
-            save_sets(step0, out / "step0")
+        # The untrained cost of each method, in each phase: the quick phase's may come from another original (the
+        # reference GPT-2 trained again), and a NAME-distill variant is NAME until it trains.
+        distinct: dict = {}
+        for name, model in untrained.items():
+            distinct.setdefault(plain_variant(name), model)
+        step0 = self._timed(f"{spec.name}/eval step 0", scorer.variants, originals, distinct, spec.step0_lengths)
+        save_sets(step0, out / "step0")
         trained, curves = self._train_all(spec, original, raws, tokenizer)
         self._score_trained(spec, scorer, originals, untrained, trained, original, out)
         self._timed(f"{spec.name}/pictures", self.pictures, spec, original, trained, tokenizer, out)
