@@ -15,6 +15,7 @@ from posswap.cli import main
 from posswap.config import config_from_dict
 from posswap.evaluation import ModelResults, Results
 from posswap.study import Study, select
+from posswap.study.docs_report import phase_section
 from posswap.study.plan import FULL, PRESETS, VARIANTS, BaseSpec, Budget, Probe, variant_patch
 from posswap.study.report import base_summary, cross_length_gap, crossover_step, probe_check
 from posswap.study.scoring import set_name
@@ -246,6 +247,10 @@ def test_tiny_study_writes_results_and_reuses_finished_runs(bases, tmp_path, cap
     assert "distill" not in recipes["t5-bias"]["train"]  # a plain variant's recipe is the one older runs have
     assert recipes["t5-bias-distill"]["posswap"] == recipes["t5-bias"]["posswap"]
     assert all(long_curves["train_seconds"][n] > 0 for n in ("copy", "t5-bias", "t5-bias-distill"))
+    # the docs page gives the runs' own minutes beside the wall time (a rerun's wall time misses them)
+    minutes = sum(long_curves["train_seconds"].values()) / 60
+    section = "\n".join(phase_section(tmp_path / "results", "gpt2", "long"))
+    assert f"The runs' own training time, summed: {minutes:.0f} min (3 runs)." in section
     # the distillation table: with minus without at 4x, paired over the same windows, by hand
     with_, without = (trained_long.models[n].metrics["loss_windows"][1] for n in ("t5-bias-distill", "t5-bias"))
     gap = sum(a - b for a, b in zip(with_, without)) / len(with_)

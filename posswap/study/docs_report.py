@@ -115,12 +115,20 @@ def _spec(record: dict) -> BaseSpec:
     return BaseSpec(**values)
 
 
+def _training_minutes(curves: dict) -> str:
+    """The runs' own training time, which a wall time misses when the runs were reused (or trained elsewhere)."""
+    seconds = [s for s in curves.get("train_seconds", {}).values() if s is not None]
+    if not seconds:  # runs from before the study recorded their time
+        return ""
+    return f" The runs' own training time, summed: {sum(seconds) / 60:.0f} min ({len(seconds)} runs)."
+
+
 def phase_section(results_root: Path, base: str, phase: str) -> list[str]:
     """One phase of one base: how to rerun it, its recorded cost, the summary tables and the pictures."""
     folder = Path(results_root) / base / phase
     record = json.loads((folder / "study.json").read_text())
     spec = _spec(record["spec"])
-    text, _, _ = saved_summary(spec, results_root)
+    text, curves, _ = saved_summary(spec, results_root)
     runs = [*record.get("earlier_runs", []), record]  # oldest first; a rerun reuses what earlier runs finished
     walls = ", then ".join(f"{run['wall_minutes']:.1f} min" for run in runs)
     machine = record["hardware"]
@@ -130,7 +138,7 @@ def phase_section(results_root: Path, base: str, phase: str) -> list[str]:
         "",
         f"Reproduce: `posswap study --phase {phase} --model {base}{named}` (results in `results/{base}/{phase}/`). Recorded "
         f"wall time: {walls} (a rerun reuses finished runs) on {machine['description']} (torch {machine['torch']}, "
-        f"transformers {machine['transformers']}).",
+        f"transformers {machine['transformers']}).{_training_minutes(curves)}",
         "",
         text.rstrip("\n"),
         "",

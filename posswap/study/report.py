@@ -62,7 +62,8 @@ def untrained_result(step0: Results | None, name: str):
     """``name``'s step-0 scores: a NAME-distill variant is NAME until it trains (None where not scored)."""
     if step0 is None:
         return None
-    return step0.models.get(name) or step0.models.get(plain_variant(name))
+    own = step0.models.get(name)
+    return own if own is not None else step0.models.get(plain_variant(name))
 
 
 def metric_table(spec, step0: Results | None, after: Results, causal: bool) -> list[str]:

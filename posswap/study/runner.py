@@ -264,10 +264,10 @@ class Study:
         untrained = {n: Untrained(r) for n, r in raws.items()}
         # The untrained cost of each method, in each phase: the quick phase's may come from another original (the
         # reference GPT-2 trained again), and a NAME-distill variant is NAME until it trains.
-        distinct: dict = {}
+        by_method: dict = {}
         for name, model in untrained.items():
-            distinct.setdefault(plain_variant(name), model)
-        step0 = self._timed(f"{spec.name}/eval step 0", scorer.variants, originals, distinct, spec.step0_lengths)
+            by_method.setdefault(plain_variant(name), model)
+        step0 = self._timed(f"{spec.name}/eval step 0", scorer.variants, originals, by_method, spec.step0_lengths)
         save_sets(step0, out / "step0")
         trained, curves = self._train_all(spec, original, raws, tokenizer)
         self._score_trained(spec, scorer, originals, untrained, trained, original, out)
