@@ -5,7 +5,8 @@ result."""
 from . import methods  # noqa: F401  (registers every method)
 from .config import PositionConfig, config_from_dict
 from .evaluation import Results, evaluate
-from .evaluation.chunking import late_chunks
+from .evaluation.late_chunking import late_chunk_pieces, late_chunks
+from .evaluation.text_pieces import split_text
 from .export import export
 from .hub import model_card, push_to_hub
 from .loading import from_pretrained
@@ -36,12 +37,14 @@ __all__ = [
     "evaluate",
     "export",
     "from_pretrained",
+    "late_chunk_pieces",
     "late_chunks",
     "load_recipe",
     "model_card",
     "patch",
     "patched_config",
     "push_to_hub",
+    "split_text",
     "train",
 ]
 

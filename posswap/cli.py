@@ -91,6 +91,10 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     from .evaluation.harness import check_settings
     from .files import check_output_dir
 
+    if args.task == "context-retrieval":
+        from .evaluation.context_retrieval import run_context_command
+
+        return run_context_command(args)
     if args.task != "text":  # long-document retrieval for sentence-transformers models
         from .evaluation.retrieval import run_retrieval_command
 
@@ -294,10 +298,18 @@ def _add_eval(commands) -> None:
 def _add_retrieval_flags(e) -> None:
     e.add_argument(
         "--task",
-        choices=("text", "passkey-retrieval", "needle-retrieval"),
+        choices=("text", "passkey-retrieval", "needle-retrieval", "context-retrieval"),
         default="text",
         help="text (default): the scores above. passkey-retrieval, needle-retrieval: LongEmbed's long-document "
-        "retrieval for sentence-transformers models (retrieval.json, retrieval.png; default lengths 256 512 1024 2048).",
+        "retrieval for sentence-transformers models (retrieval.json, retrieval.png; default lengths 256 512 1024 2048). "
+        "context-retrieval: chunks whose facts are about a subject named elsewhere in their document (context.json; "
+        "default lengths 512 1024 2048 4096).",
+    )
+    e.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=128,
+        help="context-retrieval: the most tokens a chunk holds, special tokens counted (default 128).",
     )
     e.add_argument("--documents", type=int, default=100, help="Retrieval: documents per length (default 100).")
     e.add_argument("--batch-size", type=int, default=8, help="Retrieval: texts encoded at once (default 8).")

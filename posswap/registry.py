@@ -11,13 +11,25 @@ A method registered from outside posswap brings its run time as one file (``runt
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from .portable.posswap_registry import BLOCK_CHECKS, SCHEMAS, carry, register_schema, unregister
-from .runtime_modules import forget_runtime_module, load_runtime_module
+from .portable.posswap_registry import (
+    BLOCK_CHECKS,
+    CARRIED,
+    INSTALLERS,
+    KEEPS_TABLE,
+    RUNTIME_CODE,
+    SCHEMAS,
+    carry,
+    register_schema,
+    unregister,
+)
+from .runtime_modules import forget_runtime_module, load_runtime_module, runtime_module_name
 
 
 @dataclass(frozen=True)
@@ -78,32 +90,52 @@ def register_method(
     it, such a method's folders load with ``posswap.from_pretrained`` only."""
     name = config_class.method
     _check_new(name, variants)
-    module = load_runtime_module(name, runtime_module) if runtime_module is not None else None
-    try:
+    with _undone_on_error(runtime_module_name(runtime_module) if runtime_module is not None else None):
+        module = load_runtime_module(name, runtime_module) if runtime_module is not None else None
         schema = _saved_keys(name, config_class)
-    except ValueError:
         if module is not None:
-            forget_runtime_module(name, module.__name__)
-        raise
-    if module is not None:
-        carry(name, schema)
-    elif name not in SCHEMAS:  # a method from outside posswap: its saved keys, from its config class
-        register_schema(name, schema)
-    spec = MethodSpec(
-        name,
-        config_class,
-        check,
-        apply,
-        initialize,
-        dict(variants),
-        extends_table,
-        position_map,
-        example,
-        export_refusal,
-        module.__name__ if module is not None else None,
-    )
-    METHODS[name] = spec
+            carry(name, schema)
+        elif name not in SCHEMAS:  # a method from outside posswap: its saved keys, from its config class
+            register_schema(name, schema)
+        spec = MethodSpec(
+            name,
+            config_class,
+            check,
+            apply,
+            initialize,
+            dict(variants),
+            extends_table,
+            position_map,
+            example,
+            export_refusal,
+            module.__name__ if module is not None else None,
+        )
+        METHODS[name] = spec
     return spec
+
+
+# Every table a registration may change: the methods, and what the portable side keeps of them.
+_TABLES = (METHODS, INSTALLERS, RUNTIME_CODE, SCHEMAS, BLOCK_CHECKS, KEEPS_TABLE, CARRIED)
+
+
+@contextlib.contextmanager
+def _undone_on_error(module_name: str | None) -> Iterator[None]:
+    """On any error inside (a refusal, a run-time module that fails or registers more than its method), every
+    registry table as it was before, and ``module_name`` (the run-time module loaded) out of ``sys.modules``: a
+    refused registration leaves nothing registered, whatever the module did before it was refused."""
+    saved = [(table, table.copy()) for table in _TABLES]
+    loaded = sys.modules.get(module_name) if module_name else None
+    try:
+        yield
+    except BaseException:
+        for table, before in saved:
+            table.clear()
+            table.update(before)
+        if module_name:
+            sys.modules.pop(module_name, None)
+            if loaded is not None:
+                sys.modules[module_name] = loaded
+        raise
 
 
 def _check_new(name: str, variants: dict[str, dict]) -> None:

@@ -62,14 +62,44 @@ def test_each_row_of_a_padded_batch_is_placed_by_its_own_length(model_type, head
     torch.testing.assert_close(out[0], alone_long, atol=1e-5, rtol=0)
 
 
-def test_explicit_position_ids_are_the_callers():
+def hidden(model, **inputs) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs).last_hidden_state
+
+
+@pytest.mark.parametrize("model_type,head", [("bert", "BertModel"), ("roberta", "RobertaModel")])
+def test_explicit_position_ids_within_the_original_length_give_the_stock_outputs(model_type, head):
+    """The caller's own ids (two packed texts, a shifted numbering) read the rows the stock model reads at them."""
+    stock, exact, stride = stock_and_patched(model_type, head)
+    offset = stock.config.pad_token_id + 1 if model_type == "roberta" else 0
+    ids = token_ids(12)
+    packed = torch.cat([torch.arange(5), torch.arange(7)])[None] + offset
+    shifted = torch.stack([torch.arange(12) + 3, torch.arange(12) + OLD_LENGTH - 12]) + offset  # the last row ends
+    for positions in (packed, shifted):  # at the original table's last row
+        expected = hidden(stock, input_ids=ids, position_ids=positions)
+        torch.testing.assert_close(hidden(exact, input_ids=ids, position_ids=positions), expected, atol=1e-5, rtol=0)
+        moved = (hidden(stride, input_ids=ids, position_ids=positions) - expected).abs().max()
+        assert moved > 1e-2 * expected.abs().max()  # the stride table itself reads other rows there
+
+
+def test_explicit_position_ids_past_the_original_length_read_the_new_table():
     _, exact, stride = stock_and_patched("bert", "BertModel")
     ids = token_ids(8)
-    positions = torch.arange(8)[None]
-    with torch.no_grad():
-        got = exact(input_ids=ids, position_ids=positions).last_hidden_state
-        expected = stride(input_ids=ids).last_hidden_state  # stride reads positions 0..7 by default
-    torch.testing.assert_close(got, expected, atol=0, rtol=0)
+    positions = torch.stack([torch.arange(8), torch.arange(8) + OLD_LENGTH - 4])  # row 1 reaches past it
+    got = hidden(exact, input_ids=ids, position_ids=positions)
+    torch.testing.assert_close(got[1], hidden(stride, input_ids=ids, position_ids=positions)[1], atol=0, rtol=0)
+    torch.testing.assert_close(got[0], hidden(exact, input_ids=ids)[0], atol=1e-6, rtol=0)  # row 0: 0..7 placed
+
+
+def test_explicit_position_ids_of_a_padded_row_are_placed_by_its_real_tokens():
+    stock, exact, _ = stock_and_patched("bert", "BertModel")
+    ids, mask = token_ids(10), torch.ones(2, 10, dtype=torch.long)
+    mask[1, 6:] = 0
+    positions = torch.arange(10).repeat(2, 1)
+    positions[1, 6:] = OLD_LENGTH + 50  # pads numbered past the original length: the real tokens are short
+    got = hidden(exact, input_ids=ids, attention_mask=mask, position_ids=positions)
+    alone = hidden(stock, input_ids=ids[1:, :6])
+    torch.testing.assert_close(got[1, :6], alone[0], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("model_type,head", [("bert", "BertForMaskedLM"), ("roberta", "RobertaForMaskedLM")])

@@ -4,7 +4,7 @@
   (the chunks' mean) or a vector per chunk (a document scores its best chunk).
 - **late chunking** (Günther et al. 2024, "Late Chunking: Contextual Chunk Embeddings Using Long-Context
   Embedding Models"): the long model reads the whole document once and its token outputs are mean-pooled per
-  chunk, so each chunk's vector carries the document's context. :func:`late_chunks`.
+  chunk, so each chunk's vector carries the document's context: :mod:`.late_chunking`.
 
 Chunk sizes count the tokenizer's special tokens ([CLS] and [SEP]), as ``max_seq_length`` does: a chunk of 256 is
 a text the model reads whole at a limit of 256.
@@ -36,6 +36,19 @@ def split_into_chunks(tokenizer, text: str, chunk_tokens: int) -> list[str]:
     return [text[offsets[i][0] : offsets[min(i + size, len(offsets)) - 1][1]] for i in starts]
 
 
+def split_into_pieces(tokenizer, text: str, chunk_tokens: int) -> list[str]:
+    """The tokens of :func:`split_into_chunks` as pieces that join to ``text`` (each keeps the whitespace after
+    it): the same spans for :func:`posswap.late_chunks`."""
+    chunks = split_into_chunks(tokenizer, text, chunk_tokens)
+    starts, at = [], 0
+    for chunk in chunks:
+        at = text.index(chunk, at)
+        starts.append(at)
+        at += len(chunk)
+    starts[0] = 0
+    return [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
+
+
 def chunk_vectors(model, texts: list[str], chunk_tokens: int, batch_size: int = 8) -> list[torch.Tensor]:
     """Per text, a (chunks, dim) tensor: every chunk embedded alone (the stock model's way)."""
     pieces = [split_into_chunks(model.tokenizer, text, chunk_tokens) for text in texts]
@@ -46,26 +59,6 @@ def chunk_vectors(model, texts: list[str], chunk_tokens: int, batch_size: int = 
     return list(torch.split(vectors, [len(chunks) for chunks in pieces]))
 
 
-def late_chunks(model: Any, texts: list[str], chunk_tokens: int = 256, batch_size: int = 8) -> list[torch.Tensor]:
-    """Per text, a (chunks, dim) tensor of late-chunked embeddings: the model reads the text once (up to its
-    ``max_seq_length``) and its token outputs are mean-pooled per ``chunk_tokens`` tokens (special tokens counted),
-    then go through the modules after the pooling (normalisation, dense) as a sentence embedding does. A text of
-    at most ``chunk_tokens`` tokens gives one chunk: its ``encode`` embedding.
-
-    ``model``: a sentence-transformers model with mean pooling (late chunking is defined on mean pooling).
-    """
-    pooling_at = _check_late_chunking(model, texts, chunk_tokens)
-    with torch.no_grad():
-        tokens = model.encode(
-            texts, output_value="token_embeddings", batch_size=batch_size, show_progress_bar=False
-        )  # per text, its tokens' outputs (padding dropped)
-        chunks = []
-        for outputs in tokens:
-            pooled = torch.stack([piece.mean(dim=0) for piece in torch.split(outputs, chunk_tokens)])
-            chunks.append(after_pooling(model, pooling_at, pooled).detach().float().cpu())
-    return chunks
-
-
 def after_pooling(model: Any, pooling_at: int, pooled: torch.Tensor) -> torch.Tensor:
     """Mean-pooled vectors through the model's modules after its pooling (normalisation, dense), as a sentence
     embedding goes: what a chunk's vector is."""
@@ -73,15 +66,6 @@ def after_pooling(model: Any, pooling_at: int, pooled: torch.Tensor) -> torch.Te
     for module in list(model)[pooling_at + 1 :]:
         features = module(features)
     return features["sentence_embedding"]
-
-
-def _check_late_chunking(model: Any, texts: list[str], chunk_tokens: int) -> int:
-    """The index of the model's pooling module, after one-line checks of every argument."""
-    if isinstance(texts, str) or not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
-        raise ValueError("texts must be a list of strings; for one text, pass [text].")
-    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens must be a positive whole number of tokens; got {chunk_tokens!r}.")
-    return mean_pooling_index(model, "late_chunks")
 
 
 def mean_pooling_index(model: Any, user: str) -> int:

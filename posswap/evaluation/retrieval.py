@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from .chunking import BASELINES, best_chunk_scores, chunk_vectors, cosine_scores, late_chunks, mean_vector
+from .chunking import BASELINES, best_chunk_scores, chunk_vectors, cosine_scores, mean_vector, split_into_pieces
+from .late_chunking import late_chunks
 from .retrieval_tasks import (
     DEFAULT_HAYSTACK,
     TASKS,
@@ -43,8 +44,11 @@ DEPTH_BUCKETS = 5
 CLI_TASKS = {"passkey-retrieval": "passkey", "needle-retrieval": "needle"}
 # Tokens of text one evaluation builds and tokenizes (documents x lengths): about 160 MB of text, an hour of
 # encoding on a CPU. A length past a model's limit is legitimate (it is read truncated: how a stock model is
-# measured), so the cost, not the limit, bounds the lengths.
+# measured) up to READ_PAST_LIMIT times the most any model reads; past that only a baseline that reads whole
+# documents (chunks, late chunks in windows) reads the text, and with one the cost alone bounds the lengths.
 MAX_TEXT_TOKENS = 1 << 25
+READ_PAST_LIMIT = 16  # the default lengths reach 8 times a stock MiniLM's 256
+WHOLE_DOCUMENT_BASELINES = ("chunk-mean", "chunk-max", "late-chunk-max")
 
 
 @dataclass
@@ -163,6 +167,25 @@ def check_retrieval_inputs(task: str, lengths, documents: int, batch_size: int, 
     return sorted(lengths)
 
 
+def check_lengths_read(models: dict[str, Any], baselines, lengths, name: str = "lengths") -> None:
+    """One line naming ``name`` (the argument or flag) before any text is built, where the longest length is over
+    :data:`READ_PAST_LIMIT` times the most any model reads of a document (its ``max_seq_length``) and no baseline
+    reads whole documents. With such a baseline, or a model whose limit is not known, the cost rule alone holds."""
+    if any(b in WHOLE_DOCUMENT_BASELINES for b in baselines):
+        return
+    limits = {n: getattr(m, "max_seq_length", None) for n, m in models.items()}
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in limits.values()):
+        return
+    reader, reach = max(limits.items(), key=lambda item: item[1])
+    if max(lengths) > READ_PAST_LIMIT * reach:
+        raise ValueError(
+            f"{name}: {max(lengths)} tokens is over {READ_PAST_LIMIT} times the most any model reads of a document "
+            f"({reach} tokens, the max_seq_length of {reader}), so the text past that would be built for no reader; "
+            f"give lengths up to {READ_PAST_LIMIT * reach}, or add a baseline that reads whole documents "
+            f"({', '.join(WHOLE_DOCUMENT_BASELINES)})."
+        )
+
+
 def load_tokenizer(models: dict[str, Any], tokenizer: Any = None):
     """``tokenizer`` (a tokenizer, or a name or folder for AutoTokenizer), else the first model's."""
     if tokenizer is None:
@@ -230,6 +253,7 @@ def evaluate_retrieval(
         if not callable(getattr(model, "encode", None)):
             raise ValueError(f"models[{name!r}] has no encode method; give a SentenceTransformer or an encoder.")
     columns = baseline_columns(models, baselines)
+    check_lengths_read(models, baselines, lengths)
     label = _tokenizer_label(models, tokenizer)
     tokenizer = load_tokenizer(models, tokenizer)
     tasks = build_tasks(task, tokenizer, lengths, documents, seed, haystack)
@@ -310,8 +334,11 @@ class Vectors:
     def _compute(self, model, task: RetrievalTask, kind: str, chunk: int):
         if kind == "chunks":
             return chunk_vectors(model, task.documents, chunk, self.batch_size)
-        if kind == "late":
-            return late_chunks(model, task.documents, chunk, self.batch_size)
+        if kind == "late":  # the spans the stock chunks have, each pooled in the whole document (or a window)
+            pieces = [split_into_pieces(model.tokenizer, text, chunk) for text in task.documents]
+            return late_chunks(
+                model, task.documents, chunks=pieces, batch_size=self.batch_size, long_documents="windows"
+            )
         return _encode(model, task.queries if kind == "queries" else task.documents, self.batch_size)
 
 
@@ -398,7 +425,8 @@ def run_retrieval_command(args) -> None:
     for source in args.models:  # a bare name found nowhere is one line, before any model loads
         check_model_found(resolve_model_id(source))
     device = resolve_device(args.device)
-    models = {name: load_embedding_model(source, device) for name, source in _short_names(args.models).items()}
+    models = {name: load_embedding_model(source, device) for name, source in short_model_names(args.models).items()}
+    check_lengths_read(models, baselines, lengths, "--lengths")  # the models' limits known: before any text
     results = evaluate_retrieval(
         models,
         task,
@@ -430,7 +458,7 @@ def load_embedding_model(name_or_path: str, device: str | None = None):
     return model.eval()
 
 
-def _short_names(models: list[str]) -> dict[str, str]:
+def short_model_names(models: list[str]) -> dict[str, str]:
     """Columns named by a folder's last part (``out/minilm-copy-2048`` -> ``minilm-copy-2048``) where unambiguous."""
     short = [Path(m).name if Path(m).exists() else m.removeprefix("posswap:") for m in models]
     return dict(zip(short if len(set(short)) == len(short) else models, models))

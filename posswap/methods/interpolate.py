@@ -39,8 +39,9 @@ class InterpolateConfig(PositionConfig):
         default=False,
         metadata={
             "help": "With mode stride, an input within the original length reads exactly the original rows (its "
-            "position ids multiplied by k, as E5-Base-4k), so the patched model gives it the original's outputs. "
-            "Encoders only; saved folders then carry posswap's code.",
+            "position ids multiplied by k, as E5-Base-4k; explicit position_ids too, where a row's all lie within "
+            "the original length), so the patched model gives it the original's outputs. Encoders only; saved "
+            "folders then carry posswap's code.",
             "rule": check_rule("exact_short_inputs_problem"),  # portable/posswap_interpolate.py: needs mode stride
         },
     )

@@ -4,7 +4,9 @@ the original length reads exactly the rows the model was trained with.
 The ``stride`` table puts old row i at position k * i (k = max_length // original_length). A long input reads every
 row; an input within the original length has its position ids multiplied by k, so it reads the old rows only and the
 patched model gives it the original model's outputs. Which rows are short is decided per row of the batch, from the
-attention mask (its real tokens), so padding a short text beside a long one does not move it.
+attention mask (its real tokens), so padding a short text beside a long one does not move it. Explicit
+``position_ids`` (packing, a caller's own numbering) are placed the same way: a row whose ids all lie within the
+original length (those of its real tokens) reads old row i at k * i, as the original model reads position i.
 
 It travels with saved models (``posswap/portable``), so it imports nothing from posswap.
 """
@@ -46,9 +48,37 @@ def short_input_position_ids(
     return ids if pads is None else ids.masked_fill(pads, pad_token_id)
 
 
+def explicit_position_ids(position_ids, tokens: torch.Tensor, attention_mask, block: dict, offset: int):
+    """The caller's ``position_ids`` placed: in a row whose ids (of its real tokens) are all within
+    ``original_length``, id ``offset + i`` becomes ``offset + k * i``, the old row the original model reads at
+    ``i``; a row reaching further reads the table as it is. None where the ids are not a (batch or 1, length)
+    integer tensor of the input's length: the length guard refuses those, naming them."""
+    batch, length = tokens.shape[:2]
+    if not isinstance(position_ids, torch.Tensor) or position_ids.is_floating_point() or position_ids.is_complex():
+        return None
+    if position_ids.dim() not in (1, 2) or position_ids.shape[-1] != length or position_ids.numel() == 0:
+        return None
+    ids = position_ids if position_ids.dim() == 2 else position_ids[None]
+    if ids.shape[0] not in (1, batch):
+        return None
+    steps, original = ids - offset, block["original_length"]
+    counted = steps >= 0  # RoBERTa's padding rows (ids below the offset) are no position
+    if (
+        isinstance(attention_mask, torch.Tensor)
+        and attention_mask.dim() == 2
+        and attention_mask.shape == (batch, length)
+    ):
+        counted = counted & attention_mask.to(ids.device).bool()  # each row of the batch by its own real tokens
+    reach = torch.where(counted, steps, torch.zeros_like(steps)).amax(-1, keepdim=True)
+    placed = (reach < original) & (steps >= 0) & (steps < original)  # a pad past the original length stays
+    stride = block["max_length"] // original
+    return torch.where(placed, offset + steps * stride, ids)
+
+
 class ShortInputPositions:
-    """Forward pre-hook on the base model: the call's ``position_ids`` when the caller gave none (explicit ones, as
-    from packing, are the caller's own). An object, not a closure: deepcopy and pickling carry it."""
+    """Forward pre-hook on the base model: the call's ``position_ids``, placed: built when the caller gave none,
+    the caller's own (as from packing) moved to the old rows in a row that stays within the original length. An
+    object, not a closure: deepcopy and pickling carry it."""
 
     def __init__(self, base: nn.Module, offset: int):
         self.signature = inspect.signature(type(base).forward)
@@ -62,9 +92,11 @@ class ShortInputPositions:
         block, rows = getattr(base.config, "posswap", None) or {}, base.config.max_position_embeddings
         if not block.get("exact_short_inputs"):  # re-patched without it since
             return None
-        if features.get("position_ids") is not None or tokens is None or passed_cache(features) is not None:
+        if tokens is None or passed_cache(features) is not None:
             return None
-        mask, pad = features.get("attention_mask"), base.config.pad_token_id
+        mask, pad, given = features.get("attention_mask"), base.config.pad_token_id, features.get("position_ids")
+        if given is not None:
+            return explicit_position_ids(given, tokens, mask, block, self.offset)
         return short_input_position_ids(tokens, mask, block, self.offset, rows, pad)
 
     def __call__(self, base: nn.Module, args: tuple, kwargs: dict):

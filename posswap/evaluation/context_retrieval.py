@@ -1,0 +1,325 @@
+"""Contextual chunk retrieval: does a chunk's vector know what its document says? (:mod:`.context_task`)
+
+Every row scores the same chunks (the task's spans) of every document of one length:
+
+- ``MODEL chunks`` (the first model's ``chunk-max``): each chunk embedded alone, what a vector database user does;
+- ``MODEL late chunks`` (``late-chunk-max``, each later model that reads further): the chunk's tokens pooled in
+  the whole document (:func:`posswap.late_chunks`; a document longer than the model reads in overlapping windows);
+- ``MODEL``: one vector per document (every chunk of it gets that vector: a tie among them shares the credit).
+
+Scores, per length with their standard errors over queries: accuracy at 1 among every chunk of every document
+(``accuracy``), nDCG@10 there (one relevant chunk; ties count in expectation), accuracy at 1 among the chunks that
+answer the query's question in every document (``fact_accuracy``: a model blind to context is at chance, one in the
+documents of that kind), and the fact's document first by its best chunk (``document_accuracy``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from .chunking import BASELINES, cosine_scores, mean_vector
+from .context_task import KINDS, TEMPLATES, ContextTask, build_context_task, max_context_documents
+from .late_chunking import late_chunks
+
+DEFAULT_CONTEXT_LENGTHS = (512, 1024, 2048, 4096)
+DEFAULT_CHUNK_TOKENS = 128
+DISTANCE_BUCKETS = ((1, 1), (2, 3), (4, 7), (8, 15), (16, 1 << 30))
+
+
+@dataclass
+class ContextRow:
+    limit: int | None  # tokens the row's model reads at once
+    accuracy: list[float] = field(default_factory=list)
+    stderr: list[float] = field(default_factory=list)
+    ndcg: list[float] = field(default_factory=list)
+    fact_accuracy: list[float] = field(default_factory=list)
+    fact_stderr: list[float] = field(default_factory=list)
+    document_accuracy: list[float] = field(default_factory=list)
+    hits: list[list[float]] = field(default_factory=list)  # per length, per query: accuracy at 1 among all chunks
+    fact_hits: list[list[float]] = field(default_factory=list)
+
+
+@dataclass
+class ContextResults:
+    lengths: list[int]
+    documents: int
+    seed: int
+    chunk_tokens: int
+    settings: dict = field(default_factory=dict)
+    rows: dict[str, ContextRow] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ContextResults:
+        return cls(**{**data, "rows": {name: ContextRow(**row) for name, row in data["rows"].items()}})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> ContextResults:
+        path = Path(path)
+        return cls.from_dict(json.loads((path / "context.json" if path.is_dir() else path).read_text()))
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        """Write ``context.json`` into ``folder``, whole or not at all."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        staging = folder / f".context.json.{os.getpid()}.tmp"
+        staging.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        os.replace(staging, folder / "context.json")
+        return folder / "context.json"
+
+    def by_group(self, row: str, length: int, key: str) -> dict[str, float]:
+        """Accuracy at 1 among all chunks per ``template`` or ``distance`` bucket, at one length."""
+        i = self.lengths.index(length)
+        groups: dict[str, list[float]] = {}
+        for hit, query in zip(self.rows[row].hits[i], self.settings["queries"][str(length)]):
+            groups.setdefault(_group(query, key), []).append(hit)
+        return {name: sum(h) / len(h) for name, h in sorted(groups.items())}
+
+    def table(self, metric: str = "accuracy") -> str:
+        """Markdown: a row per length, a column per row of the task, ``metric`` ± its standard error."""
+        error = {"accuracy": "stderr", "fact_accuracy": "fact_stderr"}.get(metric)
+        lines = ["| tokens | " + " | ".join(self.rows) + " |", "|---|" + "---|" * len(self.rows)]
+        for i, length in enumerate(self.lengths):
+            cells = [_cell(getattr(r, metric)[i], getattr(r, error)[i] if error else None) for r in self.rows.values()]
+            lines.append(f"| {length} | " + " | ".join(cells) + " |")
+        chance = self.settings["chance"][metric] if metric in self.settings["chance"] else None
+        lines += [
+            "",
+            f"context retrieval, {metric.replace('_', ' ')}: {self.documents} documents a length, two "
+            f"questions each, chunks of at most {self.chunk_tokens} tokens, seed {self.seed}"
+            + (f"; chance {', '.join(f'{c:.3f}' for c in chance)}." if chance else "."),
+        ]
+        return "\n".join(lines)
+
+
+def _cell(value: float, error: float | None) -> str:
+    return f"{value:.2f}" if error is None else f"{value:.2f} ± {error:.2f}"
+
+
+def _group(query: dict, key: str) -> str:
+    if key == "template":
+        return query["template"]
+    low, high = next(b for b in DISTANCE_BUCKETS if b[0] <= query["distance"] <= b[1])
+    return str(low) if low == high else f"{low}+" if high > 1 << 20 else f"{low}-{high}"
+
+
+def check_context_inputs(lengths, documents: int, chunk_tokens: int, batch_size: int) -> list[int]:
+    """One-line ``ValueError`` naming the argument, before any work; the lengths sorted."""
+    if isinstance(lengths, (str, bytes)) or not lengths:
+        raise ValueError(f"lengths must be a non-empty list of token counts such as 512 1024; got {lengths!r}.")
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lengths) or len(set(lengths)) < len(lengths):
+        raise ValueError(f"lengths must be distinct positive whole numbers of tokens; got {list(lengths)}.")
+    most = max_context_documents()
+    if isinstance(documents, bool) or not isinstance(documents, int) or not len(KINDS) * 2 <= documents <= most:
+        raise ValueError(f"documents must be a whole number from {len(KINDS) * 2} to {most}; got {documents!r}.")
+    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or not 16 <= chunk_tokens <= 512:
+        raise ValueError(f"chunk_tokens must be a whole number of tokens from 16 to 512; got {chunk_tokens!r}.")
+    if min(lengths) < 3 * chunk_tokens:
+        raise ValueError(
+            f"lengths: {min(lengths)} tokens hold fewer than three chunks of {chunk_tokens} (the subject's and two "
+            f"facts'); give lengths of at least {3 * chunk_tokens}, or a smaller chunk_tokens."
+        )
+    if documents * sum(lengths) > 1 << 23:
+        raise ValueError(f"lengths: {documents} documents at {sorted(lengths)} tokens are too much text; give fewer.")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive whole number; got {batch_size!r}.")
+    return sorted(lengths)
+
+
+def evaluate_context(
+    models: dict[str, Any],
+    lengths=DEFAULT_CONTEXT_LENGTHS,
+    documents: int = 100,
+    seed: int = 0,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    batch_size: int = 8,
+    baselines=None,
+    progress: bool = True,
+) -> ContextResults:
+    """The contextual chunk retrieval task for sentence-transformers ``models`` (the first one's tokenizer measures
+    lengths and its chunks are the ``chunk-max`` row; ``late-chunk-max`` rows for every later model that reads
+    more than the first); one-vector rows for every model."""
+    lengths = check_context_inputs(lengths, documents, chunk_tokens, batch_size)
+    rows = context_rows(models, baselines)
+    tokenizer = next(iter(models.values())).tokenizer
+    tasks = [build_context_task(tokenizer, n, documents, seed, chunk_tokens) for n in lengths]
+    results = ContextResults(lengths, documents, seed, chunk_tokens, _settings(tasks))
+    steps = tqdm(total=len(rows) * len(tasks), desc="context retrieval", disable=not progress)
+    for task in tasks:
+        queries = {}
+        for row, (name, kind) in rows.items():
+            steps.set_postfix_str(f"{row} at {task.length}")
+            model = models[name]
+            if name not in queries:
+                queries[name] = _encode(model, [q.query for q in task.queries], batch_size)
+            chunk_vectors = _row_vectors(model, kind, task, batch_size)
+            _score_into(
+                results.rows.setdefault(row, ContextRow(_limit(model, kind, chunk_tokens))),
+                queries[name],
+                chunk_vectors,
+                task,
+            )
+            steps.update()
+    steps.close()
+    return results
+
+
+def context_rows(models: dict[str, Any], baselines) -> dict[str, tuple[str, str]]:
+    """Row name -> (model, kind), after one-line checks; kinds: ``vector`` (one per document) and the baselines."""
+    if not isinstance(models, dict) or not models:
+        raise ValueError("models must be a non-empty dict of name -> SentenceTransformer.")
+    if (
+        baselines is not None
+        and isinstance(baselines, str)
+        or any(b not in BASELINES for b in baselines or ())
+        or len(set(baselines or ())) < len(baselines or ())
+    ):
+        raise ValueError(f"baselines must be distinct names of {', '.join(BASELINES)}; got {baselines!r}.")
+    for name, model in models.items():
+        if getattr(model, "tokenizer", None) is None or not isinstance(getattr(model, "max_seq_length", None), int):
+            raise ValueError(f"models[{name!r}] must be a sentence-transformers model (a tokenizer, max_seq_length).")
+    (first, stock), later = next(iter(models.items())), list(models)[1:]
+    if baselines is None:
+        longer = any(models[n].max_seq_length > stock.max_seq_length for n in later)
+        baselines = ("chunk-max", "late-chunk-max") if longer else ("chunk-max",)
+    rows = {}
+    if "chunk-max" in baselines:
+        rows[f"{first} chunks"] = (first, "chunk-max")
+    if "chunk-mean" in baselines:
+        rows[f"{first} chunk-mean"] = (first, "chunk-mean")
+    if "late-chunk-max" in baselines:
+        longer = [n for n in later if models[n].max_seq_length > stock.max_seq_length]
+        if not longer:
+            raise ValueError("late-chunk-max needs a model after the first that reads more than it: add a patched one.")
+        rows |= {f"{n} late chunks": (n, "late-chunk-max") for n in longer}
+    return rows | {name: (name, "vector") for name in models}
+
+
+def _limit(model: Any, kind: str, chunk_tokens: int) -> int:
+    return chunk_tokens if kind in ("chunk-max", "chunk-mean") else model.max_seq_length
+
+
+def _row_vectors(model: Any, kind: str, task: ContextTask, batch_size: int) -> list[torch.Tensor]:
+    """Per document, a (chunks, dim) tensor: the vector each of its chunks is scored by."""
+    sizes = [len(pieces) for pieces in task.chunks]
+    if kind == "late-chunk-max":
+        return late_chunks(model, task.documents, batch_size=batch_size, chunks=task.chunks, long_documents="windows")
+    if kind in ("chunk-max", "chunk-mean"):
+        flat = _encode(model, [p for pieces in task.chunks for p in pieces], batch_size)
+        alone = list(torch.split(flat, sizes))
+        return alone if kind == "chunk-max" else [mean_vector(c).expand(len(c), -1) for c in alone]
+    whole = _encode(model, task.documents, batch_size)  # read as the model reads: truncated past its limit
+    return [v.expand(n, -1) for v, n in zip(whole, sizes)]
+
+
+def _encode(model: Any, texts: list[str], batch_size: int) -> torch.Tensor:
+    with torch.no_grad():
+        vectors = model.encode(texts, batch_size=batch_size, convert_to_tensor=True, show_progress_bar=False)
+    return torch.as_tensor(vectors).detach().float().cpu()
+
+
+def _score_into(row: ContextRow, queries: torch.Tensor, chunk_vectors: list[torch.Tensor], task: ContextTask) -> None:
+    offsets = [0]
+    for c in chunk_vectors:
+        offsets.append(offsets[-1] + len(c))
+    scores = cosine_scores(queries, torch.cat(chunk_vectors))
+    gold = [offsets[q.document] + q.chunk for q in task.queries]
+    hits = [_tie_share(scores[i], g) for i, g in enumerate(gold)]
+    fact_hits = [_fact_hit(scores[i], i, gold, task) for i in range(len(gold))]
+    document_hits = [
+        _tie_share(torch.stack([scores[i, a:b].max() for a, b in zip(offsets, offsets[1:])]), q.document)
+        for i, q in enumerate(task.queries)
+    ]
+    n = len(hits)
+    for target, values in (
+        (row.accuracy, hits),
+        (row.fact_accuracy, fact_hits),
+        (row.document_accuracy, document_hits),
+    ):
+        target.append(sum(values) / n)
+    row.stderr.append(_stderr(hits))
+    row.fact_stderr.append(_stderr(fact_hits))
+    row.ndcg.append(sum(_ndcg(scores[i], g) for i, g in enumerate(gold)) / n)
+    row.hits.append(hits)
+    row.fact_hits.append(fact_hits)
+
+
+def _fact_hit(scores: torch.Tensor, i: int, gold: list[int], task: ContextTask) -> float:
+    """Accuracy at 1 among the chunks that answer query ``i``'s question in every document."""
+    same = [j for j, q in enumerate(task.queries) if q.relation == task.queries[i].relation]
+    candidates = scores[[gold[j] for j in same]]
+    return _tie_share(candidates, same.index(i))
+
+
+def _tie_share(scores: torch.Tensor, gold: int) -> float:
+    """1 when ``gold`` scores highest, 1/k when it ties with k - 1 others at the top, else 0."""
+    top = scores.max()
+    return float(scores[gold] == top) / int((scores == top).sum())
+
+
+def _ndcg(scores: torch.Tensor, gold: int) -> float:
+    """nDCG@10 with one relevant item: 1 / log2(rank + 1), in expectation over the order of a tie."""
+    above = int((scores > scores[gold]).sum())
+    tied = int((scores == scores[gold]).sum())
+    ranks = range(above + 1, above + tied + 1)
+    return sum(1 / math.log2(r + 1) for r in ranks if r <= 10) / tied
+
+
+def _stderr(values: list[float]) -> float:
+    p = sum(values) / len(values)
+    return math.sqrt(max(p * (1 - p), 0.0) / len(values))
+
+
+def _settings(tasks: list[ContextTask]) -> dict:
+    chunks = {str(t.length): sum(len(p) for p in t.chunks) for t in tasks}
+    per_kind = len(tasks[0].chunks) / len(KINDS)
+    return {
+        "haystacks": ["persuasion", "python-docs"],
+        "templates": list(TEMPLATES),
+        "templates_trained_on": [],
+        "example_query": tasks[0].queries[0].query,
+        "chance": {"accuracy": [1 / chunks[str(t.length)] for t in tasks], "fact_accuracy": [1 / per_kind]},
+        "chunks": chunks,
+        "fingerprints": {str(t.length): t.fingerprint() for t in tasks},
+        "queries": {
+            str(t.length): [{"template": q.template, "distance": q.distance, "relation": q.relation} for q in t.queries]
+            for t in tasks
+        },
+    }
+
+
+def run_context_command(args) -> None:
+    """``posswap eval MODEL ... --task context-retrieval``: every MODEL as a sentence-transformers model, the task
+    at ``--lengths``, context.json in ``--out``, the tables printed."""
+    from ..files import check_output_dir
+    from ..loading import resolve_model_id
+    from ..model_sources import check_model_found
+    from .retrieval import load_embedding_model, short_model_names
+    from .stream import resolve_device
+
+    lengths = args.lengths or list(DEFAULT_CONTEXT_LENGTHS)
+    check_context_inputs(lengths, args.documents, args.chunk_tokens, args.batch_size)  # before any model loads
+    if args.haystack is not None:
+        raise ValueError("--haystack: the context task reads its own two held-out haystacks; leave it out.")
+    check_output_dir(args.out)
+    for source in args.models:
+        check_model_found(resolve_model_id(source))
+    device = resolve_device(args.device)
+    models = {name: load_embedding_model(source, device) for name, source in short_model_names(args.models).items()}
+    results = evaluate_context(
+        models, lengths, args.documents, args.seed, args.chunk_tokens, args.batch_size, args.baselines or None
+    )
+    results.save(args.out)
+    for metric in ("accuracy", "fact_accuracy"):
+        print(results.table(metric), end="\n\n")
+    print(f"Wrote {Path(args.out) / 'context.json'}.")
