@@ -1,6 +1,7 @@
 """The pieces every ``posswap`` command's parser is built from: argparse with posswap's conventions.
 
-- Errors are one line, like every other posswap error (the usage is in ``--help``).
+- Errors are one line, like every other posswap error (the usage is in ``--help``); an argument no parser takes
+  is refused by the command it was given to, naming the flag it is near (``--sett``: did you mean --set?).
 - No abbreviations: ``--rope-typ`` is an unknown flag, not ``--rope-type`` (argparse's default guesses).
 - List flags take values separated by spaces and may be repeated (``--lengths 256 512 --lengths 1024``).
 - A flag that was renamed says what replaced it."""
@@ -8,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +29,37 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        """argparse's, except that arguments nothing took are refused by the command they were given to (argparse
+        reports them as the top-level parser's: ``posswap: error``), with the flag each is near."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self._command(namespace)
+            command.error(f"unrecognized arguments: {' '.join(extras)}{near_flags(extras, command)}")
+        return namespace
+
+    def _command(self, namespace) -> argparse.ArgumentParser:
+        """The parser of the command ``namespace`` holds (this parser without one)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(namespace, action.dest, None))
+                if chosen is not None:
+                    return chosen._command(namespace) if isinstance(chosen, Parser) else chosen
+        return self
+
+
+def near_flags(extras: list[str], parser: argparse.ArgumentParser) -> str:
+    """``; did you mean --set?`` for each unknown flag among ``extras`` that is near one of ``parser``'s flags (not
+    the renamed ones, which answer for themselves)."""
+    flags = [flag for action in parser._actions if not isinstance(action, Renamed) for flag in action.option_strings]
+    near = []
+    for extra in extras:
+        if extra.startswith("-"):
+            match = difflib.get_close_matches(extra.split("=", 1)[0], flags, n=1)
+            if match and match[0] not in near:
+                near.append(match[0])
+    return f"; did you mean {' or '.join(near)}?" if near else ""
 
 
 def yaml_value(text: str) -> Any:

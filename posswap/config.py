@@ -8,10 +8,13 @@ checkpoints all go through :func:`config_from_dict`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import operator
 import re
 import reprlib
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -141,11 +144,56 @@ def config_from_dict(data: dict[str, Any]) -> PositionConfig:
     check_renamed(spec.name, unknown)
     if unknown:
         raise ValueError(
-            f"Unknown key(s) {', '.join(unknown)} for method {spec.name!r}; its keys are: {', '.join(sorted(known))}."
+            f"Unknown key(s) {near_keys(unknown, known)} for method {spec.name!r}; its keys are: {', '.join(sorted(known))}."
         )
     if "max_length" not in data:
         raise ValueError(f"Method {spec.name!r} needs 'max_length' (the new context length in tokens).")
-    return spec.config_class(**data)
+    return spec.config_class(**whole_numbers(spec.config_class, data))
+
+
+def near_keys(unknown, known) -> str:
+    """``max_step (did you mean max_steps?), foo``: each unknown key, with the known key nearest to it where one is
+    near (a typo), for a message that lists them."""
+    known = [str(key) for key in known]
+    shown_keys = []
+    for key in unknown:
+        near = difflib.get_close_matches(str(key), known, n=1)
+        shown_keys.append(f"{key} (did you mean {near[0]}?)" if near else str(key))
+    return ", ".join(shown_keys)
+
+
+def whole_numbers(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` for the fields of dataclass ``cls``, with a float that is a whole number made an int where the field
+    holds integers (``int``, ``int | None``, ``list[int]``): YAML reads ``1e3`` as 1000.0. A fraction is left as it
+    is, for the field's check to refuse by name."""
+    hints = typing.get_type_hints(cls)
+    whole = lambda value: int(value) if isinstance(value, float) and value.is_integer() else value  # noqa: E731
+    converted = dict(values)
+    for key, value in values.items():
+        if _admits_int_only(hints.get(key)):
+            converted[key] = whole(value)
+        elif isinstance(value, list) and any(_admits_int_only(arg) for arg in _list_items(hints.get(key))):
+            converted[key] = [whole(item) for item in value]
+    return converted
+
+
+def _choices(hint: Any) -> tuple:
+    """The types a hint admits: ``int | None`` -> (int, NoneType)."""
+    return (
+        typing.get_args(hint)
+        if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
+        else (hint,)
+    )
+
+
+def _admits_int_only(hint: Any) -> bool:
+    """An int field (maybe optional) that takes no float: a whole float there means the int."""
+    choices = _choices(hint)
+    return int in choices and float not in choices
+
+
+def _list_items(hint: Any) -> list:
+    return [typing.get_args(choice)[0] for choice in _choices(hint) if typing.get_origin(choice) is list]
 
 
 def check_renamed(method: str, keys) -> None:

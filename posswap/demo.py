@@ -20,6 +20,7 @@ from .evaluation.retrieval import (
 from .files import check_output_dir
 from .loading import quiet_transformers
 from .patching import patch
+from .shipped_recipes import shipped_recipes
 from .training.loop import train
 from .training.recipe import load_recipe
 
@@ -31,7 +32,7 @@ def demo_recipe(steps: int, output_dir: Path):
     """The shipped recipe cut to ``steps`` optimizer steps of pairs (same batch, so 8 pairs a step) of one run (the
     recipe averages several: its ``embedding.soup``), writing to ``output_dir``. Its chunk teacher's documents
     keep their proportion to the pairs, in whole batches, their steps on top as in the recipe."""
-    shipped = load_recipe(DEMO_RECIPE)[0]
+    shipped = load_recipe(_demo_file())[0]
     batch, e = shipped.train.batch_size, shipped.embedding
     chunk_batches = round(e.chunk_teacher * steps / e.pairs)
     overrides = {
@@ -41,7 +42,12 @@ def demo_recipe(steps: int, output_dir: Path):
         "embedding.chunk_teacher": chunk_batches * batch,
         "embedding.soup": 1,
     }
-    return load_recipe(DEMO_RECIPE, [f"{key}={value}" for key, value in overrides.items()])
+    return load_recipe(_demo_file(), [f"{key}={value}" for key, value in overrides.items()])
+
+
+def _demo_file() -> Path:
+    """The shipped recipe's file, by path: a file of that name in the working folder is not the demo's."""
+    return shipped_recipes()[DEMO_RECIPE]
 
 
 def trained_model(steps: int, run_dir: Path, overwrite: bool, timings: dict) -> Path:
@@ -54,7 +60,7 @@ def trained_model(steps: int, run_dir: Path, overwrite: bool, timings: dict) -> 
     print(
         f"Training the patched model for {steps} steps of {recipe.train.batch_size} pairs"
         + (f" and {recipe.train.max_steps - steps} of its chunk teacher" if recipe.train.max_steps > steps else "")
-        + f" ({DEMO_RECIPE}, shortened to one run of the several it averages)."
+        + f" ({DEMO_RECIPE}, shortened to one run of the several it averages): {recipe.train.max_steps} on the train bar."
     )
     start = time.perf_counter()
     ours = (run_dir / "recipe.json").is_file()  # an earlier demo's run folder: its model may be replaced
@@ -67,7 +73,10 @@ def trained_model(steps: int, run_dir: Path, overwrite: bool, timings: dict) -> 
 def _same_recipe(run_dir: Path, recipe) -> bool:
     saved = run_dir / "recipe.json"
     try:
-        return json.loads(saved.read_text()) == json.loads(json.dumps(recipe.to_dict()))
+        stored = json.loads(saved.read_text())
+        if isinstance(stored, dict):
+            stored.pop("recipe_file", None)  # where it was read from: the same recipe either way
+        return stored == json.loads(json.dumps(recipe.to_dict()))
     except (OSError, ValueError):
         return False
 

@@ -4,9 +4,37 @@ shipped recipe by its name (the file's name without ``.yaml``) wherever posswap 
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from pathlib import Path
 
 SUFFIX = ".yaml"
+
+
+class LocalRecipePassedOver(UserWarning):
+    """``load_recipe(NAME)`` took the shipped recipe NAME although the working folder has a file ``NAME.yaml``."""
+
+
+@dataclass(frozen=True)
+class RecipeFile:
+    """The file a recipe was read from; ``shipped``: its name, when it is one of posswap's; ``passed_over``: a file
+    of that name in the working folder that a bare NAME does not take (``./NAME.yaml`` does)."""
+
+    path: Path
+    shipped: str | None = None
+    passed_over: str | None = None
+
+    def describe(self) -> str:
+        """One line: which file runs, and which local one does not."""
+        if self.shipped is None:
+            return f"recipe file {self.path}"
+        line = f"recipe {self.shipped}, the shipped file {self.path}"
+        if self.passed_over is not None:
+            line += (
+                f"; not {self.passed_over} in this folder, which a bare name does not read: run that one with "
+                f"posswap train {self.passed_over}"
+            )
+        return line
 
 
 def recipes_folder() -> Path:
@@ -28,6 +56,17 @@ def purpose(path: Path) -> str:
         if line.strip():
             return line.strip()[1:].strip() if line.lstrip().startswith("#") else ""
     return ""
+
+
+def find_recipe(name_or_path: str | Path) -> RecipeFile:
+    """:func:`recipe_file`, with what :class:`RecipeFile` says about it."""
+    path = recipe_file(name_or_path)
+    shipped = {file.resolve(): name for name, file in shipped_recipes().items()}.get(path.resolve())
+    passed_over = None
+    if shipped is not None and str(name_or_path) == shipped:  # a bare name: a local NAME.yaml is not read
+        local = [f"./{shipped}{suffix}" for suffix in (SUFFIX, ".yml") if Path(shipped + suffix).is_file()]
+        passed_over = local[0] if local else None
+    return RecipeFile(Path(os.path.abspath(path)), shipped, passed_over)
 
 
 def recipe_file(name_or_path: str | Path) -> Path:

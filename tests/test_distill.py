@@ -165,7 +165,8 @@ def test_weight_zero_is_the_plain_run_exactly(sharp, tmp_path, monkeypatch):
         ({"weight": 1, "temperature": 0}, "train.distill.temperature must be a number > 0, got 0."),
         (
             {"weight": 1, "temprature": 2},
-            "Unknown key(s) in train.distill: temprature. Known keys: weight, temperature, attention_layers.",
+            "Unknown key(s) in train.distill: temprature (did you mean temperature?). Known keys: weight, temperature, "
+            "attention_layers.",
         ),
         (3, "train.distill must be a mapping, got int."),
         ({"weight": 1, "attention_layers": 0}, "train.distill.attention_layers must be a list of layer numbers >= 0"),

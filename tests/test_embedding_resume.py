@@ -167,17 +167,21 @@ def test_a_killed_embedding_run_run_again_gives_the_uninterrupted_weights(tmp_pa
 
 
 def test_a_run_killed_while_it_saves_leaves_the_earlier_model_whole(tmp_path, minilm_path, reference):
-    """A run with --overwrite over an earlier model folder, killed as it writes the new weights: the earlier folder
-    stays as it was, byte for byte, and the next run clears what the killed one left and gives the reference."""
+    """A run with --overwrite over an earlier run folder, killed as it writes the new weights: the earlier folder
+    stays as it was, byte for byte (its model, and the recipe and log that describe it: issue 45), and the next run
+    clears what the killed one left and gives the reference."""
     run = tmp_path / "run"
-    shutil.copytree(minilm_path, run / "model")  # the earlier model: MiniLM itself
-    earlier = files(run / "model")
+    shutil.copytree(minilm_path, run / "model")  # the earlier model: MiniLM itself, with an earlier run's record
+    (run / "recipe.yaml").write_text("train:\n  seed: 7\n")
+    (run / "recipe.json").write_text('{"train": {"seed": 7, "lr": 0.5}}\n')
+    (run / "log.jsonl").write_text('{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.25}\n')
+    earlier = files(run)
     killed = start(run, tmp_path / "killed-log", "--overwrite", script=KILLED_IN_SAVE)
     assert killed.wait(timeout=300) == -signal.SIGKILL, (tmp_path / "killed-log.err").read_text()[-3000:]
-    assert len(log_lines(run)) == STEPS  # it had trained: killed in the save, not before
-    assert files(run / "model") == earlier
+    assert len(log_lines(run / ".posswap-pending")) == STEPS  # it had trained: killed in the save, not before
+    assert {name: data for name, data in files(run).items() if not name.startswith(".posswap-pending/")} == earlier
     left = sorted(p.name for p in run.iterdir() if p.name not in ("model", "log.jsonl", "recipe.yaml", "recipe.json"))
-    assert left != []  # the killed write's staging folder and lock, beside the model folder
+    assert left == [".posswap-pending"]  # the killed run: its record and its model's staging folder
     finish(start(run, tmp_path / "again-log", "--overwrite"), tmp_path / "again-log")
     assert sorted(p.name for p in run.iterdir()) == ["log.jsonl", "model", "recipe.json", "recipe.yaml"]
     trained, expected = weights(run / "model"), weights(reference() / "model")
@@ -226,6 +230,12 @@ BAD = [
     ("embedding.chunk_teacher=true", "embedding.chunk_teacher must be a whole number of texts >= 0"),
     ("embedding.chunk_teacher=2.5", "embedding.chunk_teacher must be a whole number of texts >= 0"),
     ("posswap=null embedding.teacher=0 embedding.chunk_teacher=8", "embedding.chunk_teacher needs a posswap: block"),
+    ("embedding.context_pairs=-1", "embedding.context_pairs must be a whole number of texts >= 0"),
+    ("embedding.context_pairs=2.5", "embedding.context_pairs must be a whole number of texts >= 0"),
+    ("embedding.context_lengths=[100]", "embedding.context_lengths entry 100 holds fewer than three chunks"),
+    ("embedding.context_lengths=[8192]", "embedding.context_lengths entry 8192 is longer than posswap.max_length"),
+    ("embedding.context_lengths=5", "embedding.context_lengths must be a non-empty list"),
+    ("embedding.context_chunk_tokens=0", "embedding.context_chunk_tokens must be a positive integer"),
     ("embedding.pairz=3", "Unknown key(s) in embedding: pairz"),
     ("embedding=5", "embedding must be a mapping"),
     # train: what sentence-transformers' trainer and the optimizer read

@@ -139,6 +139,30 @@ RELATIONS = {
         ),
     ),
 }
+
+
+@dataclass(frozen=True)
+class Templates:
+    """What a task's documents are made of: per kind the words its names are made from (``name`` formats them),
+    how a subject is introduced and referred to, its two questions, the naming x reference templates used, and the
+    haystacks. :data:`EVALUATION` is the evaluation's; a recipe brings its own, disjoint from it."""
+
+    words: dict  # kind -> word lists; the first is drawn without replacement, so every name in a task differs
+    name: dict  # kind -> format of the words: "{0} {1}"
+    intro: dict  # kind -> (introducing sentence(s), description(s), pronouns): one drawn where several
+    relations: dict  # kind -> (relation, fact, query, values) each; two drawn per document where more
+    templates: tuple[str, ...]
+    haystacks: tuple[str, ...]
+
+
+EVALUATION = Templates(
+    words={"person": (FIRST, LAST), "company": (FIRM, FIRM_END), "town": (TOWN,), "book": (ADJECTIVE, NOUN)},
+    name={"person": "{0} {1}", "company": "{0} {1}", "town": "{0}", "book": "The {0} {1}"},
+    intro=INTRO,
+    relations=RELATIONS,
+    templates=TEMPLATES,
+    haystacks=HAYSTACKS,
+)
 SENTENCE = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
 
 
@@ -174,19 +198,23 @@ class ContextTask:
         return digest.hexdigest()
 
 
-def build_context_task(tokenizer, length: int, documents: int, seed: int, chunk_tokens: int = 128) -> ContextTask:
+def build_context_task(
+    tokenizer, length: int, documents: int, seed: int, chunk_tokens: int = 128, templates: Templates = EVALUATION
+) -> ContextTask:
     """``documents`` documents of at most ``length`` tokens (special tokens counted) in chunks of at most
     ``chunk_tokens``; at least three chunks a document (inputs checked by the caller)."""
-    rng = random.Random(f"posswap-context-{length}-{chunk_tokens}-{seed}")
-    subjects = _subjects(random.Random(f"posswap-context-subjects-{seed}"), documents)
+    tag = "" if templates is EVALUATION else "-" + "-".join(templates.haystacks)
+    rng = random.Random(f"posswap-context-{length}-{chunk_tokens}-{seed}{tag}")
+    subjects = _subjects(random.Random(f"posswap-context-subjects-{seed}{tag}"), documents, templates)
     special = len(tokenizer("a")["input_ids"]) - len(tokenizer("a", add_special_tokens=False)["input_ids"])
     per_chunk = chunk_tokens - special
     count = (length - special) // per_chunk
-    sentences = {h: _sentences(h) for h in HAYSTACKS}
+    sentences = {h: _sentences(h) for h in templates.haystacks}
     chunks, naming, queries = [], [], []
     for d, (kind, name) in enumerate(subjects):
-        plan = _plan(rng, kind, name, count, d)
-        pieces = _fill(tokenizer, rng, sentences[HAYSTACKS[d % len(HAYSTACKS)]], plan, count, per_chunk, name)
+        plan = _plan(rng, kind, name, count, d, templates)
+        haystack = templates.haystacks[d % len(templates.haystacks)]
+        pieces = _fill(tokenizer, rng, sentences[haystack], plan, count, per_chunk, name)
         chunks.append(pieces)
         naming.append(plan["naming"])
         queries += [
@@ -196,33 +224,36 @@ def build_context_task(tokenizer, length: int, documents: int, seed: int, chunk_
     return ContextTask(length, chunk_tokens, chunks, [name for _, name in subjects], naming, queries)
 
 
-def _subjects(rng: random.Random, documents: int) -> list[tuple[str, str]]:
-    """(kind, name) per document, kinds in turn; no word of a name is in another name."""
-    pools = {
-        "person": [f"{f} {s}" for f, s in zip(rng.sample(FIRST, len(FIRST)), rng.sample(LAST, len(LAST)))],
-        "company": [f"{f} {e}" for f, e in zip(rng.sample(FIRM, len(FIRM)), rng.choices(FIRM_END, k=len(FIRM)))],
-        "town": rng.sample(TOWN, len(TOWN)),
-        "book": [f"The {a} {n}" for a, n in zip(rng.sample(ADJECTIVE, len(ADJECTIVE)), rng.sample(NOUN, len(NOUN)))],
-    }
+def _subjects(rng: random.Random, documents: int, templates: Templates) -> list[tuple[str, str]]:
+    """(kind, name) per document, kinds in turn; the first word of every name differs."""
+    pools = {}
+    for kind in KINDS:
+        first, *rest = templates.words[kind]
+        columns = [rng.sample(first, len(first))] + [rng.choices(words, k=len(first)) for words in rest]
+        pools[kind] = [templates.name[kind].format(*row) for row in zip(*columns)]
     return [(KINDS[d % 4], pools[KINDS[d % 4]][d // 4]) for d in range(documents)]
 
 
-def max_context_documents() -> int:
-    return 4 * min(len(FIRST), len(FIRM), len(TOWN), len(ADJECTIVE))
+def max_context_documents(templates: Templates = EVALUATION) -> int:
+    return len(KINDS) * min(len(templates.words[kind][0]) for kind in KINDS)
 
 
-def _plan(rng: random.Random, kind: str, name: str, count: int, document: int) -> dict:
+def _plan(rng: random.Random, kind: str, name: str, count: int, document: int, templates: Templates) -> dict:
     """Where the subject is named, which chunks hold its two facts, and the inserted sentences."""
-    template = TEMPLATES[(document // 4) % len(TEMPLATES)]
+    template = templates.templates[(document // 4) % len(templates.templates)]
     naming_form, reference_form = template.split("-")
-    intro, description, pronouns = INTRO[kind]
+    intro, description, pronouns = templates.intro[kind]
+    intro = intro if isinstance(intro, str) else rng.choice(intro)  # a recipe's templates vary their wording
+    description = description if isinstance(description, str) else rng.choice(description)
     reference = description if reference_form == "description" else rng.choice(pronouns)
+    relations = templates.relations[kind]
+    relations = relations if len(relations) == 2 else rng.sample(relations, 2)
     first = _distance(rng, count - 1)
     second = _distance(rng, count - 1, avoid=first)
     start = rng.randrange(0, count - max(first, second))
     inserts = {start: [("heading" if naming_form == "heading" else "sentence", _naming(naming_form, intro, name))]}
     queries = []
-    for (relation, fact, query, values), distance in zip(RELATIONS[kind], (first, second)):
+    for (relation, fact, query, values), distance in zip(relations, (first, second)):
         allowed = [v for v in values if not _words(v) & _words(name)]  # a fact never names its subject
         sentence = f"{reference} {fact.format(value=rng.choice(allowed))}"
         inserts.setdefault(start + distance, []).append(("sentence", sentence))

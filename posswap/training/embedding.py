@@ -6,6 +6,10 @@ load (a sentence-transformers folder; a plain encoder gets mean pooling) + patch
 pairs (:mod:`.embedding_data`) -> MultipleNegativesRankingLoss (cached: many in-batch negatives, a few documents
 at a time) -> SentenceTransformerTrainer (cosine schedule, no checkpoints: the trainer would pickle its optimizer)
 -> the model saved whole as a sentence-transformers folder, atomically -> log.jsonl.
+
+Over an earlier run's model, the run writes in the folder's pending folder and replaces the earlier run's model
+and record together at the end (:mod:`.run_folder`). Ctrl-C stops it within a module's backward, not at the end
+of a step's (:func:`interruptible_backward`).
 """
 
 from __future__ import annotations
@@ -13,11 +17,11 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import datasets
 import torch
-import yaml
 from torch import nn
 from transformers import ProgressCallback, TrainerCallback, get_cosine_schedule_with_warmup
 
@@ -26,11 +30,12 @@ from ..loading import load_sentence_transformer, resolve_model_id
 from ..patching import patch, patched_config
 from ..sentence_models import save, transformer_module
 from .embedding_chunks import LateChunkLoss, chunk_teacher_rows
+from .embedding_context import ContextChunkLoss, check_context_pairs, context_rows
 from .embedding_data import document_pairs
 from .embedding_teacher import TeacherLoss, teacher_rows
 from .optimizer import MAX_GRAD_NORM, parameter_groups
 from .recipe import Recipe
-from .run_folder import check_before_work, local_source, push_run
+from .run_folder import LOG, check_before_work, commit, local_source, push_run, start_record
 from .trainable import position_parameter_names, select_trainable
 
 FLAG = "train.output_dir: model folder"
@@ -41,26 +46,28 @@ def train_embedding(recipe: Recipe, raw, resume: bool, callbacks, overwrite: boo
     t, e = recipe.train, recipe.embedding
     if resume or force:
         raise ValueError("--resume / --force: an embedding recipe keeps no checkpoints to resume; run it again.")
-    check_before_work(recipe, False, overwrite, False)  # the model folder, old checkpoints, a Hub login
+    _, work = check_before_work(recipe, False, overwrite, False)  # the model folder, old checkpoints, a Hub login
     run_dir, final_dir = Path(t.output_dir), Path(t.output_dir) / "model"
-    log = JsonLog(run_dir / "log.jsonl", callbacks)
-    model = train_once(recipe, t.seed, run_dir, log, raw, first=True)
+    log = JsonLog(work / LOG, callbacks)
+    model = train_once(recipe, t.seed, work, log, raw, first=True)
     if e.soup > 1:  # each run as a one-run recipe with train.seed + i would train it; one more in memory at a time
-        others = (train_once(recipe, t.seed + i, run_dir, log, raw).state_dict() for i in range(1, e.soup))
+        others = (train_once(recipe, t.seed + i, work, log, raw).state_dict() for i in range(1, e.soup))
         model.load_state_dict(mean_weights(itertools.chain([model.state_dict()], others)))
     model.eval()
     local = local_source(recipe.model)
-    write_folder(final_dir, lambda folder: save(model, folder), overwrite=overwrite, source=local, flag=FLAG)
+    write_folder(work / "model", lambda folder: save(model, folder), overwrite=overwrite, source=local, flag=FLAG)
     with contextlib.suppress(OSError):  # the trainer's own folder, empty: it saves nothing (save_strategy "no")
-        (run_dir / "trainer").rmdir()
+        (work / "trainer").rmdir()
+    commit(run_dir, work)  # over an earlier model: it and its record go together for this run's
     if recipe.push_to_hub:
         push_run(recipe, final_dir, run_dir, describe=False)  # sentence-transformers' card describes the training
     return final_dir
 
 
 def train_once(recipe: Recipe, seed: int, run_dir: Path, log: JsonLog, raw, first: bool = False) -> nn.Module:
-    """One training of the recipe's model with ``seed`` (its pairs, order and teacher texts); the ``first`` run
-    writes the recipe's files and starts the log, once its inputs are known to be good."""
+    """One training of the recipe's model with ``seed`` (its pairs, order and teacher texts), writing in
+    ``run_dir`` (the run folder, or its pending folder); the ``first`` run writes the recipe's files and starts the
+    log, once its inputs are known to be good."""
     from sentence_transformers import SentenceTransformerTrainer
 
     t, e = recipe.train, recipe.embedding
@@ -91,25 +98,57 @@ def train_once(recipe: Recipe, seed: int, run_dir: Path, log: JsonLog, raw, firs
         e.hard_negatives,
     )
     if first:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "recipe.yaml").write_text(yaml.safe_dump(raw or {}, sort_keys=False))
-        (run_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=1) + "\n")
+        start_record(run_dir, recipe, raw, fresh=True)
         log.start()
     log.model, log.seed = model, seed if e.soup > 1 else None
     trainer = SentenceTransformerTrainer(
         model=model,
         args=training_arguments(recipe, run_dir, seed),
-        **datasets_and_losses(model, e, pairs, taught, chunked, old_limit),
+        **datasets_and_losses(model, e, pairs, taught, chunked, old_limit, context_pairs(model, e, seed)),
         optimizers=optimizer_and_schedule(model, positions, t),
         callbacks=[log],
     )
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(LossBar())
-    trainer.train()
+    with interruptible_backward(model):
+        trainer.train()
     return model
 
 
-def datasets_and_losses(model, e, pairs, taught, chunked, old_limit: int) -> dict:
+@contextlib.contextmanager
+def interruptible_backward(model: nn.Module) -> Iterator[None]:
+    """Ctrl-C within a module's backward: Python handles a signal only between bytecodes, and a step's backward is
+    one call into torch (8 documents of 2048 tokens: several seconds on 2 cores, a minute on a busy machine), so
+    a KeyboardInterrupt would wait for its end. A no-op gradient hook on every module's output runs Python code at
+    each module of the backward, where the interrupt is raised. The gradients are the same."""
+    handles = [module.register_forward_hook(_hook_outputs) for module in model.modules()]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _hook_outputs(module: nn.Module, args, output) -> None:
+    for tensor in (
+        output if isinstance(output, (tuple, list)) else output.values() if isinstance(output, dict) else [output]
+    ):
+        if isinstance(tensor, torch.Tensor) and tensor.requires_grad and tensor.grad_fn is not None:
+            tensor.register_hook(_no_change)
+
+
+def _no_change(grad: torch.Tensor) -> None:
+    """Returns None: the gradient goes on as it is."""
+
+
+def context_pairs(model, e, seed: int):
+    """The ``embedding.context_pairs`` rows (documents with a question about a subject named elsewhere in them)."""
+    check_context_pairs(model, e.context_pairs)
+    lengths = e.context_document_lengths()
+    return context_rows(model.tokenizer, lengths, e.context_pairs, seed, e.context_chunk_tokens)
+
+
+def datasets_and_losses(model, e, pairs, taught, chunked, old_limit: int, contexts=None) -> dict:
     """The trainer's ``train_dataset`` and ``loss``: the pairs alone, or a dataset and a loss per teacher beside
     them (sentence-transformers draws each step's batch from one of them, in proportion to their sizes)."""
     sets, losses = {"pairs": pairs}, {"pairs": ranking_loss(model, e)}
@@ -117,6 +156,8 @@ def datasets_and_losses(model, e, pairs, taught, chunked, old_limit: int) -> dic
         sets["teacher"], losses["teacher"] = taught, TeacherLoss(model)
     if chunked is not None:
         sets["chunks"], losses["chunks"] = chunked, LateChunkLoss(model, old_limit)
+    if contexts is not None:
+        sets["context"], losses["context"] = contexts, ContextChunkLoss(model, e.scale)
     if len(sets) == 1:
         return {"train_dataset": pairs, "loss": losses["pairs"]}
     return {"train_dataset": datasets.DatasetDict(sets), "loss": losses}

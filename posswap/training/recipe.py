@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,12 @@ from ..config import (
     check_text,
     config_from_dict,
     load_yaml,
+    near_keys,
     shown,
+    whole_numbers,
 )
 from ..evaluation.harness import check_settings
-from ..shipped_recipes import recipe_file
+from ..shipped_recipes import LocalRecipePassedOver, find_recipe
 from .distill import DistillSpec
 from .embedding_recipe import EmbeddingSpec, check_embedding_recipe
 
@@ -175,6 +178,9 @@ class Recipe:
     eval: EvalSpec = field(default_factory=EvalSpec)
     push_to_hub: str | None = None
     embedding: EmbeddingSpec | None = None  # set: a sentence-transformers model trained on (passage, document) pairs
+    # The file it was read from (shipped_recipes.RecipeFile), set by load_recipe; None when built in Python. Not a
+    # field: no key of the recipe, and not part of to_dict.
+    source = None
 
     @property
     def max_length(self) -> int | None:
@@ -328,8 +334,8 @@ def _build(cls: type, values: Any, where: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ValueError(f"Unknown key(s) in {where}: {', '.join(unknown)}. Known keys: {', '.join(fields)}.")
-    return cls(**values)
+        raise ValueError(f"Unknown key(s) in {where}: {near_keys(unknown, fields)}. Known keys: {', '.join(fields)}.")
+    return cls(**whole_numbers(cls, values))
 
 
 def recipe_from_dict(raw: dict[str, Any]) -> Recipe:
@@ -339,7 +345,7 @@ def recipe_from_dict(raw: dict[str, Any]) -> Recipe:
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ValueError(
-            f"Unknown key(s) in the recipe: {', '.join(unknown)}. Known blocks: {', '.join(sorted(known))}."
+            f"Unknown key(s) in the recipe: {near_keys(unknown, known)}. Known blocks: {', '.join(sorted(known))}."
         )
     if "posswap" not in raw:
         raise ValueError("The recipe needs a posswap: block, e.g. {method: rope, max_length: 4096} (null: no patch).")
@@ -379,8 +385,13 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 def load_recipe(path: str | Path, overrides: list[str] = ()) -> tuple[Recipe, dict[str, Any]]:
     """The validated recipe and the raw mapping it came from (saved beside checkpoints). ``path``: a YAML file, or
-    the name of a recipe that ships with posswap (``minilm-embed-2k``; ``posswap train --list`` lists them)."""
-    path = recipe_file(path)
+    the name of a recipe that ships with posswap (``minilm-embed-2k``; ``posswap train --list`` lists them): a bare
+    name is the shipped recipe even where the working folder has ``NAME.yaml`` (a warning says so; ``./NAME.yaml``
+    reads that file). The recipe's ``source`` says which file it is."""
+    source = find_recipe(path)
+    if source.passed_over is not None:
+        warnings.warn(source.describe(), LocalRecipePassedOver, stacklevel=2)
+    path = source.path
     try:
         raw = load_yaml(path.read_text()) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as error:  # the parser's own message spans several lines
@@ -395,7 +406,9 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> tuple[Recipe, di
             f"Recipe {str(path)!r} must be a YAML mapping with model:, posswap:, data:, train:, eval: blocks."
         )
     raw = apply_overrides(raw, list(overrides))
-    return recipe_from_dict(raw), raw
+    recipe = recipe_from_dict(raw)
+    recipe.source = source
+    return recipe, raw
 
 
 # Keys that may change between a run and its --resume: they decide what is logged, kept, evaluated or pushed
@@ -410,6 +423,7 @@ RESUME_FREE_KEYS = (
     "train.gradient_checkpointing",
     "eval",
     "push_to_hub",
+    "recipe_file",  # where the recipe was read from (recipe.json records it): the same recipe, by another path
 )
 
 

@@ -1,19 +1,37 @@
 """The run folder a recipe trains into: what is refused before any model loads (the model folder it would
 replace, old checkpoints, a Hub login), the recipe it was started with, and the push at the end. Shared by the
-MLM/CLM loop and the embedding recipe."""
+MLM/CLM loop and the embedding recipe.
+
+A run folder's files describe the model in it. While it holds a model of an earlier run, a new run (``--overwrite``,
+or ``--resume`` of a finished run) writes its recipe, log and checkpoints into ``RUN/.posswap-pending`` beside it,
+and its model there too; only then does that folder replace the earlier run's files (:func:`commit`): one rename
+(to ``RUN/.posswap-committed``) is the switch, and its entries then take the place of the earlier ones. A kill at
+any moment before that rename leaves the earlier run as it was; one after it is finished by the next run on the
+folder. Files posswap did not write in RUN are left where they are."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import os
+import shutil
+import sys
 from pathlib import Path
+
+import yaml
 
 from ..files import check_folder_target, check_writable
 from ..loading import resolve_model_id
-from .checkpoint import check_optimizer_groups, latest_checkpoint, resumable_checkpoint
+from ..portable.posswap_files import clean_stale, swap_into_place
+from .checkpoint import check_optimizer_groups, latest_checkpoint, prune_checkpoints, resumable_checkpoint
 from .optimizer import group_settings
 from .recipe import Recipe, recipe_differences
 
 RECIPE_JSON = "recipe.json"  # the resolved recipe the run's checkpoints were made with
+RECIPE_YAML = "recipe.yaml"  # the recipe as given (with --set applied)
+LOG = "log.jsonl"
+PENDING = ".posswap-pending"  # the next run, while the folder holds an earlier run's model
+COMMITTED = ".posswap-committed"  # a pending run whose model is complete, being moved into place
 
 
 def local_source(name: str) -> str | None:
@@ -22,10 +40,11 @@ def local_source(name: str) -> str | None:
     return path if Path(path).exists() else None
 
 
-def check_before_work(recipe: Recipe, resume: bool, overwrite: bool, force: bool):
-    """Everything that can be refused before a model is loaded; returns the checkpoint to resume from (or None)."""
+def check_before_work(recipe: Recipe, resume: bool, overwrite: bool, force: bool) -> tuple[Path | None, Path]:
+    """Everything that can be refused before a model is loaded; returns the checkpoint to resume from (or None) and
+    the folder the run writes in (:func:`work_folder`)."""
     t, run_dir = recipe.train, Path(recipe.train.output_dir)
-    final_dir = run_dir / "model"
+    final_dir, work = run_dir / "model", work_folder(run_dir)
     # Found out now, not after the training: the final save may not replace what is there.
     check_folder_target(
         final_dir, overwrite or resume, local_source(recipe.model), flag="train.output_dir: model folder"
@@ -35,11 +54,17 @@ def check_before_work(recipe: Recipe, resume: bool, overwrite: bool, force: bool
         raise ValueError(
             f"{run_dir} already holds checkpoints: pass --resume to continue, or choose another train.output_dir."
         )
-    checkpoint = resumable_checkpoint(run_dir) if resume else None  # checked before anything is loaded
+    if not resume and work != run_dir and latest_checkpoint(work) is not None:
+        raise ValueError(
+            f"{work} holds the checkpoints of an unfinished run that was to replace {final_dir}: pass --resume to "
+            f"continue it, or remove {work} to start again."
+        )
+    # On a resume: the pending run's checkpoints, or those of the finished run in the folder itself.
+    checkpoint = resumable_checkpoint(work if latest_checkpoint(work) else run_dir) if resume else None
     if checkpoint is not None:  # also under --force: a changed group count cannot carry the optimizer over
         check_optimizer_groups(checkpoint, len(group_settings(t)))
     if resume and not force:
-        check_same_recipe(run_dir, recipe)
+        check_same_recipe(record_folder(run_dir, work), recipe)
     if recipe.push_to_hub:
         from huggingface_hub import get_token
 
@@ -47,7 +72,89 @@ def check_before_work(recipe: Recipe, resume: bool, overwrite: bool, force: bool
             raise ValueError(
                 "push_to_hub is set but you are not logged in to the Hub: run `hf auth login` or set HF_TOKEN."
             )
-    return checkpoint
+    return checkpoint, work
+
+
+def work_folder(run_dir: Path) -> Path:
+    """Where a run in ``run_dir`` writes its recipe, log, checkpoints and model: ``run_dir`` itself, or its pending
+    folder while it holds a model (or a pending or committed run) that the new model is to replace."""
+    pending = run_dir / PENDING
+    held = any((run_dir / name).exists() for name in ("model", PENDING, COMMITTED))
+    return pending if held else run_dir
+
+
+def record_folder(run_dir: Path, work: Path) -> Path:
+    """The folder whose recipe and log a resumed run continues: the pending run's once it has written them."""
+    return work if (work / RECIPE_JSON).is_file() else run_dir
+
+
+def start_record(work: Path, recipe: Recipe, raw, fresh: bool) -> None:
+    """The start of a run, once its inputs are known to be good: a line that says which recipe file it runs
+    (:func:`announce`), and the recipe as given (``recipe.yaml``) and as resolved with that file (``recipe.json``)
+    in ``work``; a pending folder that a killed run left is started afresh (``fresh``: not a resume)."""
+    announce(recipe)
+    if fresh and work.name == PENDING and work.is_dir():
+        shutil.rmtree(work)  # posswap's: the record and model of a run that never replaced the folder's
+    work.mkdir(parents=True, exist_ok=True)
+    (work / RECIPE_YAML).write_text(yaml.safe_dump(raw or {}, sort_keys=False))
+    source = recipe.source.path if recipe.source is not None else None
+    resolved = {**recipe.to_dict(), "recipe_file": str(source) if source is not None else None}
+    (work / RECIPE_JSON).write_text(json.dumps(resolved, indent=1) + "\n")
+
+
+def announce(recipe: Recipe) -> None:
+    """One line on stderr at the start of a run: the file the recipe was read from (and a local file of that name
+    that the shipped recipe took the place of). The main process only."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(
+            f"posswap train: {recipe.source.describe() if recipe.source else 'a recipe built in Python'}",
+            file=sys.stderr,
+        )
+
+
+def commit(run_dir: Path, work: Path, keep_checkpoints: int | None = None) -> None:
+    """Put the pending run, its model complete, in place of the earlier one (nothing to do when the run wrote in
+    ``run_dir`` itself); ``keep_checkpoints``: prune the checkpoints the folder then holds."""
+    if work == run_dir:
+        return
+    os.replace(work, run_dir / COMMITTED)  # the switch: from here on the folder is the new run's
+    finish_commit(run_dir)
+    if keep_checkpoints is not None:
+        prune_checkpoints(run_dir, keep_checkpoints)
+
+
+def finish_commit(run_dir: Path) -> None:
+    """Move a committed run's entries into ``run_dir`` (the model first), replacing the earlier run's; the earlier
+    run's evaluation goes (it scored the earlier model). Safe to call again after a kill part-way."""
+    done = run_dir / COMMITTED
+    if not done.is_dir():
+        return
+    _drop_earlier_evaluation(run_dir / "eval")
+    for entry in sorted(done.iterdir(), key=lambda path: path.name != "model"):
+        target = run_dir / entry.name
+        if entry.is_dir() and not entry.is_symlink():
+            clean_stale(target)  # a folder a kill left moved aside comes back, to be replaced
+            swap_into_place(entry, target)
+        else:
+            os.replace(entry, target)
+    done.rmdir()
+
+
+# What posswap's evaluation writes in a run's eval/ (evaluation/harness.py, plots.py).
+EVALUATION_FILES = ("results.json", "ppl_vs_length.png", "mlm_loss_vs_length.png", "per_position_loss.png")
+EVALUATION_PLOTS = ("passkey_*.png", "similarity_*.png")
+
+
+def _drop_earlier_evaluation(folder: Path) -> None:
+    """The files posswap's evaluation wrote (results.json, its plots); anything else there stays."""
+    if not folder.is_dir() or folder.is_symlink():
+        return
+    for path in folder.iterdir():
+        ours = path.name in EVALUATION_FILES or any(fnmatch.fnmatch(path.name, p) for p in EVALUATION_PLOTS)
+        if ours and path.is_file() and not path.is_symlink():
+            path.unlink()
+    if not any(folder.iterdir()):
+        folder.rmdir()
 
 
 def check_same_recipe(run_dir: Path, recipe: Recipe) -> None:

@@ -1,0 +1,80 @@
+"""Index a folder of long documents with late chunks in LanceDB, then ask it questions.
+
+Each document is cut at sentence and paragraph ends into pieces of at most ``--max-tokens`` tokens
+(:func:`posswap.split_text`), and every piece gets its late-chunked vector: its tokens pooled while the model
+reads the whole document (:func:`posswap.late_chunk_pieces`; a document longer than the model reads goes in
+overlapping windows). LanceDB stores each piece with its text, its document and its character span, in-process,
+in a folder.
+
+LanceDB because it is a real vector database that runs in the process (no server), installs from PyPI with its
+wheels (``pip install lancedb``) and keeps the text and metadata beside each vector in one table; sqlite-vec needs
+an SQLite that loads extensions, which many Python builds do not have.
+
+    python examples/late_chunk_index.py index  MODEL FOLDER DB       # every .txt file of FOLDER
+    python examples/late_chunk_index.py search MODEL DB "What pet does Wren Okafor keep?"
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import posswap
+
+TABLE = "chunks"
+
+
+def index_folder(model, folder: str | Path, db: str | Path, max_tokens: int = 256) -> int:
+    """Every ``.txt`` file of ``folder`` as late chunks in the LanceDB at ``db`` (a new table): the rows written."""
+    import lancedb
+
+    files = sorted(Path(folder).glob("*.txt"))
+    if not files:
+        raise ValueError(f"{folder} holds no .txt file to index.")
+    texts = [path.read_text(encoding="utf-8") for path in files]
+    pieces = posswap.late_chunk_pieces(model, texts, max_tokens=max_tokens, long_documents="windows")
+    rows = [
+        {
+            "vector": chunk.vector.tolist(),
+            "text": chunk.text,
+            "document": path.name,
+            "start": chunk.start,
+            "end": chunk.end,
+        }
+        for path, chunks in zip(files, pieces)
+        for chunk in chunks
+    ]
+    lancedb.connect(str(db)).create_table(TABLE, data=rows, mode="overwrite")
+    return len(rows)
+
+
+def search(model, db: str | Path, query: str, k: int = 3) -> list[dict]:
+    """The ``k`` chunks nearest the query (cosine), each with its text, document, span and distance."""
+    import lancedb
+
+    vector = model.encode([query])[0].tolist()
+    table = lancedb.connect(str(db)).open_table(TABLE)
+    hits = table.search(vector).metric("cosine").limit(k).to_list()
+    return [{key: hit[key] for key in ("document", "start", "end", "text", "_distance")} for hit in hits]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    index = commands.add_parser("index", help="Index every .txt file of FOLDER into DB.")
+    index.add_argument("model"), index.add_argument("folder"), index.add_argument("db")
+    index.add_argument("--max-tokens", type=int, default=256)
+    ask = commands.add_parser("search", help="The chunks of DB nearest a question.")
+    ask.add_argument("model"), ask.add_argument("db"), ask.add_argument("query")
+    ask.add_argument("-k", type=int, default=3)
+    args = parser.parse_args()
+    model = posswap.from_pretrained(args.model)
+    if args.command == "index":
+        print(f"{index_folder(model, args.folder, args.db, args.max_tokens)} chunks written to {args.db}")
+        return
+    for hit in search(model, args.db, args.query, args.k):
+        print(f"{hit['_distance']:.3f}  {hit['document']} [{hit['start']}:{hit['end']}]  {hit['text'][:100]!r}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Print (or write) the contextual chunk retrieval tables from the results JSON (nothing typed by hand):
+
+    python tools/readme_context.py                                        # print the blocks
+    python tools/readme_context.py --write README.md docs/late-chunking.md  # rewrite their generated blocks
+    python tools/readme_context.py --check README.md docs/late-chunking.md  # exit 1 when a block differs
+
+Reads ``results/context/<run>/context/context.json`` (``posswap eval posswap:minilm STRIDE RUN --task
+context-retrieval``) and ``<run>/needle`` and ``<run>/passkey`` (``--baselines chunk-max late-chunk-max``) for
+each run folder. A block sits between ``<!-- posswap:context-NAME -->`` and ``<!-- /posswap:context-NAME -->``:
+``summary`` (per length: the stock model's chunks, the untrained patch's late chunks, the recipe's late chunks and
+one vector; then the verdict), ``parity`` (late chunks against the stock chunks on passkey and needle).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results" / "context"
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def runs(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if (p / "context" / "context.json").is_file())
+
+
+def cell(value: float, error: float) -> str:
+    return f"{value:.2f} ± {error:.2f}"
+
+
+def columns(context: dict) -> dict[str, str]:
+    """What each row of a context.json is: stock chunks, untrained late chunks, the recipe's late chunks, and the
+    recipe's one vector (the last model of the run)."""
+    rows = list(context["rows"])
+    chunks = next(r for r in rows if r.endswith(" chunks") and not r.endswith("late chunks"))
+    late = [r for r in rows if r.endswith(" late chunks")]
+    vectors = [r for r in rows if r not in late and r != chunks]
+    return {"stock chunks": chunks, "late (untrained)": late[0], "late (recipe)": late[-1], "one vector": vectors[-1]}
+
+
+def summary_block(run: Path) -> list[str]:
+    context = load(run / "context" / "context.json")
+    named = columns(context)
+    heads = [f"{name}: all chunks" for name in named] + [f"{name}: facts" for name in list(named)[:3]]
+    lines = [f"| tokens | {' | '.join(heads)} |", "|---|" + "---|" * len(heads)]
+    for i, length in enumerate(context["lengths"]):
+        rows = [context["rows"][row] for row in named.values()]
+        cells = [cell(r["accuracy"][i], r["stderr"][i]) for r in rows]
+        cells += [cell(r["fact_accuracy"][i], r["fact_stderr"][i]) for r in rows[:3]]
+        lines.append(f"| {length} | " + " | ".join(cells) + " |")
+    recipe = named["late (recipe)"].removesuffix(" late chunks")
+    lines += [
+        "",
+        f"Context retrieval ({recipe}; {context['documents']} documents a length, two questions each, chunks of at "
+        f"most {context['chunk_tokens']} tokens, seed {context['seed']}): accuracy at 1 ± standard error; *all "
+        "chunks*: the fact's chunk first among every chunk of every document; *facts*: among the chunks that answer "
+        f"the same question (chance {context['settings']['chance']['fact_accuracy'][0]:.2f}).",
+        "",
+        verdict(context, named),
+    ]
+    return lines
+
+
+def verdict(context: dict, named: dict[str, str]) -> str:
+    """Which row puts the fact's chunk first most often at each length (ties within one standard error: all)."""
+    parts = []
+    for i, length in enumerate(context["lengths"]):
+        scores = {name: context["rows"][row]["accuracy"][i] for name, row in named.items()}
+        best = max(scores, key=scores.get)
+        error = context["rows"][named[best]]["stderr"][i]
+        near = [n for n in scores if scores[best] - scores[n] <= error]
+        parts.append(f"{length}: {' = '.join(near)} ({scores[best]:.2f})")
+    return "Best per length (context, all chunks): " + "; ".join(parts) + "."
+
+
+def parity_block(run: Path) -> list[str]:
+    """Per task and length: the stock model's chunk-max, the recipe's late-chunk-max and its one vector."""
+    lines = [
+        "| task | tokens | stock chunk-max | late-chunk-max | one vector | late - stock |",
+        "|---|---|---|---|---|---|",
+    ]
+    for task in ("passkey", "needle"):
+        path = run / task / "retrieval.json"
+        if not path.is_file():
+            continue
+        data = load(path)
+        models = data["models"]
+        stock = next(name for name in models if " chunk-max@" in name and " late-" not in name)
+        late = [name for name in models if " late-chunk-max@" in name][-1]
+        vector = late.split(" late-chunk-max@")[0]
+        for i, length in enumerate(data["lengths"]):
+            s, lt, v = (models[n]["accuracy"][i] for n in (stock, late, vector))
+            errors = (models[n]["stderr"][i] for n in (stock, late, vector))
+            cells = [cell(a, e) for a, e in zip((s, lt, v), errors)]
+            lines.append(f"| {task} | {length} | " + " | ".join(cells) + f" | {lt - s:+.2f} |")
+    lines += ["", "Accuracy at 1 ± standard error, 100 documents per length; chunks of the stock model's 256 tokens."]
+    return lines
+
+
+def blocks(root: Path) -> dict[str, list[str]]:
+    found = runs(root)
+    if not found:
+        raise SystemExit(f"No results in {root}: run posswap eval ... --task context-retrieval first.")
+    run = found[-1]
+    return {"summary": summary_block(run), "parity": parity_block(run)}
+
+
+def rewritten(text: str, generated: dict[str, list[str]]) -> str:
+    for name, lines in generated.items():
+        pattern = re.compile(rf"(<!-- posswap:context-{name} -->\n).*?(<!-- /posswap:context-{name} -->)", re.S)
+        body = "\n".join(lines) + "\n"
+        text = pattern.sub(lambda m, body=body: m.group(1) + body + m.group(2), text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--write", nargs="*", default=None)
+    parser.add_argument("--check", nargs="*", default=None)
+    args = parser.parse_args(argv)
+    generated = blocks(args.results)
+    for path in args.write or []:
+        Path(path).write_text(rewritten(Path(path).read_text(), generated))
+    stale = [p for p in args.check or [] if rewritten(Path(p).read_text(), generated) != Path(p).read_text()]
+    for path in stale:
+        print(f"{path}: a context block differs from the results; run tools/readme_context.py --write {path}")
+    if args.write is None and args.check is None:
+        for name, lines in generated.items():
+            print(f"<!-- posswap:context-{name} -->\n" + "\n".join(lines) + f"\n<!-- /posswap:context-{name} -->\n")
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
