@@ -1,7 +1,10 @@
 """``posswap demo``: the README's first command, on the real all-MiniLM-L6-v2 (a sentence-transformers model with
 512 learned positions, which it reads 256 at a time). Patch it to read 2048 tokens with the shipped embedding
-recipe's placement, train it briefly with that recipe, and score passkey (or needle) retrieval against what a user
-with a vector database does today: truncate, or cut each document into chunks the stock model reads."""
+recipe's placement, train it briefly with that recipe, and score passkey (or needle) retrieval with the needle in
+held-out prose (*Persuasion*; ``haystack="filler"``: LongEmbed's synthetic filler) against what a user with a vector
+database does today: truncate, or cut each document into chunks the stock model reads; the trained model's late
+chunks beside them. The verdict is computed from the figures (:func:`verdict`), whichever way they point; a short
+context task (:func:`context_line`) asks for facts whose chunk does not name its subject."""
 
 from __future__ import annotations
 
@@ -10,6 +13,12 @@ import os
 import time
 from pathlib import Path
 
+from .evaluation.context_retrieval import (
+    DEFAULT_CHUNK_TOKENS,
+    ContextResults,
+    check_context_inputs,
+    evaluate_context,
+)
 from .evaluation.retrieval import (
     DEFAULT_LENGTHS,
     RetrievalResults,
@@ -25,7 +34,11 @@ from .training.loop import train
 from .training.recipe import load_recipe
 
 DEMO_RECIPE = "minilm-embed-2k"  # the shipped recipe the demo shortens: posswap train minilm-embed-2k is the full run
-BASELINES = ["chunk-mean", "chunk-max", "late-chunk-max"]
+BASELINES = ["chunk-max", "late-chunk-max"]  # the stock model's chunks, the long model's late chunks
+# The needle's haystack: Persuasion, running prose no recipe trains on (the default), or LongEmbed's synthetic filler
+# ('The grass is green. The sky is blue. ...' repeated), where any inserted sentence stands out.
+HAYSTACKS = ("persuasion", "filler")
+CONTEXT_LENGTH, CONTEXT_DOCUMENTS = 1024, 40  # the short context task: a length the stock model reads in 4 chunks
 
 
 def demo_recipe(steps: int, output_dir: Path):
@@ -87,34 +100,76 @@ def run_demo(
     task: str = "passkey",
     output_dir: str | Path = "out/demo",
     overwrite: bool = False,
+    haystack: str = "persuasion",
+    context_documents: int = CONTEXT_DOCUMENTS,
 ) -> RetrievalResults:
-    """Patch, train, score; print one table and write ``output_dir/results/retrieval.json`` and its plot.
+    """Patch, train, score; print the table and the verdict, and write ``output_dir/results/``: retrieval.json,
+    its plot, context.json (the context task, unless ``context_documents=0``) and demo.json (timings).
     ``steps=0`` scores the patched model untrained only."""
-    if steps < 0:
-        raise ValueError(f"--steps must be >= 0 (0: the patched model untrained only); got {steps}.")
-    check_retrieval_inputs(task, DEFAULT_LENGTHS, documents, 8, None)  # --documents, --task: before any work
+    check_demo_inputs(steps, documents, task, haystack, context_documents)
     check_output_dir(Path(output_dir) / "results")  # a file where the results go: one line, before any training
     output_dir, start = Path(output_dir), time.perf_counter()
-    run = {"steps": steps, "documents": documents, "task": task, "train_seconds": None, "load_before": _load()}
+    run = {"steps": steps, "documents": documents, "task": task, "haystack": haystack}
+    run |= {"context_documents": context_documents, "train_seconds": None, "load_before": _load()}
     recipe, _ = demo_recipe(max(steps, 1), output_dir / "train")  # checks the recipe before any work
-    with quiet_transformers():
-        stock = load_embedding_model(recipe.model)
-        untrained = load_embedding_model(recipe.model)
-        patch(untrained, recipe.posswap)
-        models = {"stock": stock, "patched": untrained}
-        if steps:
-            models["trained"] = load_embedding_model(str(trained_model(steps, output_dir / "train", overwrite, run)))
-    print(f"Scoring {task} retrieval: {documents} documents per length, each model and baseline.")
-    results = evaluate_retrieval(models, task, list(DEFAULT_LENGTHS), documents, baselines=BASELINES)
+    name, models = _demo_models(recipe, steps, output_dir / "train", overwrite, run)
+    print(f"Scoring {task} retrieval, the needle in {_haystack_name(haystack)}: {documents} documents per length.")
+    results = evaluate_retrieval(models, task, list(DEFAULT_LENGTHS), documents, haystack=haystack, baselines=BASELINES)
     results.save(output_dir / "results")
+    context = _context(models, name, context_documents, output_dir / "results")
     run |= {"wall_seconds": round(time.perf_counter() - start, 1), "load_after": _load(), "cpus": os.cpu_count()}
     (output_dir / "results" / "demo.json").write_text(json.dumps(run, indent=1) + "\n")
     print(results.table())
-    print(verdict(results, "trained" if steps else "patched"))
+    print(verdict(results, name))
+    if context is not None:
+        print(context_line(context, name))
     print(
-        f"Wrote {output_dir / 'results'}: retrieval.json, retrieval.png, demo.json (timings). The full recipe: posswap train {DEMO_RECIPE}."
+        f"Wrote {output_dir / 'results'}: retrieval.json, retrieval.png, "
+        + ("context.json, " if context is not None else "")
+        + f"demo.json (timings). The full recipe: posswap train {DEMO_RECIPE}."
     )
     return results
+
+
+def check_demo_inputs(steps: int, documents: int, task: str, haystack: str, context_documents: int) -> None:
+    """One line naming the flag, before any work."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"--steps must be a whole number >= 0 (0: the patched model untrained only); got {steps!r}.")
+    if haystack not in HAYSTACKS:
+        raise ValueError(f"--haystack must be one of {', '.join(HAYSTACKS)}; got {haystack!r}.")
+    try:
+        check_retrieval_inputs(task, DEFAULT_LENGTHS, documents, 8, haystack)
+    except ValueError as error:  # the evaluation names its arguments; the demo's user typed flags
+        raise ValueError(f"--{error}") from None
+    if context_documents != 0:
+        try:
+            check_context_inputs([CONTEXT_LENGTH], context_documents, DEFAULT_CHUNK_TOKENS, 8)
+        except ValueError as error:
+            raise ValueError(f"--context-{error.args[0].rstrip('.')} (0: no context task).") from None
+
+
+def _demo_models(recipe, steps: int, run_dir: Path, overwrite: bool, timings: dict) -> tuple[str, dict]:
+    """The one vector's name and the models scored: the stock model first (its chunks are the baseline), then
+    the trained model (``steps`` > 0) or the patched one untrained."""
+    with quiet_transformers():
+        stock = load_embedding_model(recipe.model)
+        if steps:
+            trained = trained_model(steps, run_dir, overwrite, timings)
+            return "trained", {"stock": stock, "trained": load_embedding_model(str(trained))}
+        patched = patch(load_embedding_model(recipe.model), recipe.posswap)
+        return "patched", {"stock": stock, "patched": patched}
+
+
+def _context(models: dict, name: str, documents: int, folder: Path) -> ContextResults | None:
+    """The context task at :data:`CONTEXT_LENGTH` tokens (``documents`` of them; 0: none), saved to ``folder``."""
+    if not documents:
+        return None
+    print(f"Scoring facts whose chunk does not name its subject: {documents} documents of {CONTEXT_LENGTH} tokens.")
+    context = evaluate_context(
+        {"stock": models["stock"], name: models[name]}, [CONTEXT_LENGTH], documents, baselines=BASELINES
+    )
+    context.save(folder)
+    return context
 
 
 def _load() -> list[float] | None:
@@ -122,16 +177,85 @@ def _load() -> list[float] | None:
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
 
 
-def verdict(results: RetrievalResults, name: str) -> str:
-    """One line at the longest length: the one patched vector against the stock model's chunks."""
-    length, chunk = results.lengths[-1], results.models["stock"].limit
-    chunk_max = f"stock chunk-max@{chunk}"
-    chunks = -(-length // chunk)
+def verdict_columns(results: RetrievalResults, name: str) -> dict[str, str]:
+    """The three ways to keep a long document, cheapest first, as their columns in ``results``: one vector of
+    ``name``, the stock model's chunks (a vector per chunk, a document scores its best), ``name``'s late chunks."""
+    chunk = results.models["stock"].limit
+    columns = {
+        f"one {name} vector": name,
+        "the stock model's chunks": f"stock chunk-max@{chunk}",
+        f"the {name} model's late chunks": f"{name} late-chunk-max@{chunk}",
+    }
+    return {label: column for label, column in columns.items() if column in results.models}
 
-    def at(column: str) -> float:
-        return results.models[column].accuracy[-1]
 
+def winners(results: RetrievalResults, name: str) -> list[str]:
+    """Per length, the way that finds the document most often: within one standard error of the best, the
+    cheapest (one vector, then the stock model's chunks, then late chunks)."""
+    columns, models = verdict_columns(results, name), results.models
+    out = []
+    for i in range(len(results.lengths)):
+        best = max(columns.values(), key=lambda c: models[c].accuracy[i])
+        floor = models[best].accuracy[i] - models[best].stderr[i]
+        out.append(next(label for label, c in columns.items() if models[c].accuracy[i] >= floor))
+    return out
+
+
+def verdict(results: RetrievalResults, name: str | None = None) -> str:
+    """The demo's verdict, computed from the figures: per length which way wins (:func:`winners`), then what to
+    do at the longest length. ``name``: the one vector's column (default: trained, else patched)."""
+    name = name or ("trained" if "trained" in results.models else "patched")
+    columns, models, lengths = verdict_columns(results, name), results.models, results.lengths
+    won = winners(results, name)
+    groups: dict[str, list[int]] = {}
+    for i, label in enumerate(won):
+        groups.setdefault(label, []).append(i)
+    parts = [
+        f"{label} at {', '.join(str(lengths[i]) for i in at)} tokens "
+        f"({', '.join(f'{models[columns[label]].accuracy[i]:.2f}' for i in at)})"
+        for label, at in groups.items()
+    ]
+    where = _haystack_name(results.settings.get("haystack", "filler"))
     return (
-        f"At {length} tokens: one {name} vector finds {at(name):.2f}, the stock model {at('stock'):.2f} "
-        f"(it truncates), and {at(chunk_max):.2f} keeping {chunks} chunk vectors per document ({chunk_max})."
+        f"Verdict ({results.task}, the needle in {where}; at each length the way with the fewest vectors within one "
+        f"standard error of the best): {'; '.join(parts)}. {_advice(results, name, won[-1])}"
+    )
+
+
+def _haystack_name(haystack: str) -> str:
+    return "synthetic filler" if haystack == "filler" else f"{haystack.capitalize()} prose"
+
+
+def _advice(results: RetrievalResults, name: str, winner: str) -> str:
+    """What to do with documents of the longest length, from the way that won there."""
+    columns, models = verdict_columns(results, name), results.models
+    length, chunk = results.lengths[-1], models["stock"].limit
+    at = {label: models[column].accuracy[-1] for label, column in columns.items()}
+    others = ", ".join(f"{label} {value:.2f}" for label, value in at.items() if label != winner)
+    if winner.startswith("one "):
+        return f"At {length} tokens one {name} vector per document is enough: it finds {at[winner]:.2f}, {others}."
+    return f"At {length} tokens keep {winner}, a vector per {chunk}-token chunk: they find {at[winner]:.2f}, {others}."
+
+
+def context_line(context: ContextResults, name: str) -> str:
+    """One line from the context task, from its figures: among the chunks that answer a question (one per document
+    of that kind), do ``name``'s late chunks find the subject's above chance, and more often than the stock model's
+    chunks, beyond one standard error?"""
+    late, alone = context.rows[f"{name} late chunks"], context.rows["stock chunks"]
+    chance = context.settings["chance"]["fact_accuracy"][0]
+    found, error = late.fact_accuracy[0], late.fact_stderr[0]
+    gap, both = found - alone.fact_accuracy[0], (error**2 + alone.fact_stderr[0] ** 2) ** 0.5
+    if found - error <= chance:
+        finding = f"the {name} model's late chunks do not find it above chance (minilm-late-2k is the recipe that trains for it)"
+    elif gap > both:
+        finding = f"the {name} model's late chunks find it above chance and more often than the stock model's chunks"
+    else:
+        finding = (
+            f"the {name} model's late chunks find it above chance, within a standard error of the stock model's chunks"
+        )
+    return (
+        f"A fact whose chunk does not name its subject ({len(late.fact_hits[0])} questions in {context.documents} "
+        f"documents of {context.lengths[0]} tokens, chunks of {context.chunk_tokens}): {finding}. Among the chunks "
+        f"that answer its question, the subject's found {found:.2f} ± {error:.2f} by late chunks, "
+        f"{alone.fact_accuracy[0]:.2f} ± {alone.fact_stderr[0]:.2f} by the stock model's chunks (chance {chance:.2f})."
     )

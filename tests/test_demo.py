@@ -1,6 +1,7 @@
 """``posswap demo``, the README's first command: the real MiniLM patched, trained with the shipped recipe cut short,
-and scored against truncating and chunking. One short end-to-end run (1 step, 2 documents per length), then the
-parts: the shortened recipe, the reuse of an earlier run's model, the verdict line."""
+and scored with the needle in held-out prose against truncating, chunking and late chunks. One short end-to-end run
+(1 step, 2 documents per length), then the parts: the flags, the shortened recipe, the reuse of an earlier run's
+model, the verdict computed from the figures whichever way they point, and the context task's line."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 from test_bad_inputs import assert_one_line_error
 
 from posswap import demo
-from posswap.cli import main
+from posswap.cli import DEMO_CONTEXT_DOCUMENTS, DEMO_HAYSTACKS, build_parser, main
+from posswap.evaluation.context_retrieval import ContextResults, ContextRow
 from posswap.evaluation.retrieval import ModelRetrieval, RetrievalResults
 from posswap.training.recipe import load_recipe
 
@@ -19,26 +21,58 @@ pytest.importorskip("sentence_transformers")
 
 def test_the_demo_trains_scores_and_writes_its_table(minilm_path, tmp_path, capsys):
     out = tmp_path / "demo"
-    assert main(["demo", "--steps", "1", "--documents", "2", "--out", str(out)]) == 0
+    assert main(["demo", "--steps", "1", "--documents", "2", "--context-documents", "8", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     results = RetrievalResults.load(out / "results")
-    assert list(results.models) == [
-        "stock",
-        "patched",
-        "trained",
-        "stock chunk-mean@256",
-        "stock chunk-max@256",
-        "patched late-chunk-max@256",
-        "trained late-chunk-max@256",
-    ]
+    # One trained vector, the stock model truncating, its chunks, and the trained model's late chunks.
+    assert list(results.models) == ["stock", "trained", "stock chunk-max@256", "trained late-chunk-max@256"]
     assert results.lengths == [256, 512, 1024, 2048] and results.documents == 2
+    assert results.settings["haystack"] == "persuasion"  # by default the needle sits in held-out prose
     assert results.table() in printed  # the printed table is the saved one
     assert demo.verdict(results, "trained") in printed
+    context = ContextResults.load(out / "results")
+    assert context.lengths == [1024] and context.documents == 8
+    assert list(context.rows) == ["stock chunks", "trained late chunks", "stock", "trained"]
+    assert demo.context_line(context, "trained") in printed
     run = json.loads((out / "results" / "demo.json").read_text())
     assert run["steps"] == 1 and run["train_seconds"] > 0 and run["wall_seconds"] >= run["train_seconds"]
+    assert run["haystack"] == "persuasion" and run["context_documents"] == 8 and len(run["load_before"]) == 3
     trained = json.loads((out / "train" / "recipe.json").read_text())
     assert trained["train"]["max_steps"] == 1 and trained["embedding"]["pairs"] == 8
     assert (out / "train" / "model" / "modules.json").is_file()
+
+
+def test_the_filler_haystack_is_an_option_that_says_what_it_is(monkeypatch, tmp_path, capsys):
+    subcommands = next(a for a in build_parser()._actions if a.dest == "command").choices
+    text = " ".join(subcommands["demo"].format_help().split())
+    assert "filler (LongEmbed's synthetic filler" in text and "where any inserted sentence stands out" in text
+    assert DEMO_HAYSTACKS == tuple(demo.HAYSTACKS) and DEMO_CONTEXT_DOCUMENTS == demo.CONTEXT_DOCUMENTS
+    seen = {}
+
+    def fake_evaluate(models, task, lengths, documents, haystack=None, baselines=()):
+        seen.update(haystack=haystack, baselines=baselines, models=list(models))
+        raise SystemExit(0)  # what was asked is all this test needs
+
+    monkeypatch.setattr(demo, "evaluate_retrieval", fake_evaluate)
+    with pytest.raises(SystemExit):
+        demo.run_demo(steps=0, documents=2, haystack="filler", output_dir=tmp_path / "demo")
+    assert seen == {"haystack": "filler", "baselines": ["chunk-max", "late-chunk-max"], "models": ["stock", "patched"]}
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--haystack", "grass"], "argument --haystack: invalid choice: 'grass'"),
+        (["--documents", "1"], "--documents must be a whole number from 2 to"),
+        (["--task", "needle", "--documents", "101"], "--documents must be a whole number from 2 to 100"),
+        (["--context-documents", "3"], "--context-documents must be a whole number from 8 to"),
+        (["--steps", "-1"], "--steps must be a whole number >= 0"),
+    ],
+)
+def test_a_bad_demo_flag_is_one_line_naming_it_before_any_work(tmp_path, capsys, flags, expected):
+    code = main(["demo", *flags, "--out", str(tmp_path / "demo")])
+    assert_one_line_error(code, capsys.readouterr().err.strip(), expected)
+    assert not (tmp_path / "demo").exists()
 
 
 def test_a_file_where_the_results_go_is_one_line_before_any_work(tmp_path, capsys):
@@ -84,16 +118,89 @@ def test_a_second_demo_reuses_the_model_of_the_same_recipe(tmp_path, monkeypatch
     assert runs == [False, True, True]
 
 
-def test_the_verdict_names_the_longest_length_and_the_chunk_count():
-    def column(accuracy, limit):
-        return ModelRetrieval(limit, accuracy, [0.0] * 2, [[]] * 2, [[]] * 2)
-
-    results = RetrievalResults("passkey", [256, 2048], 10, 0, 5)
+def _results(figures: dict[str, tuple[list[float], list[float]]], haystack="persuasion") -> RetrievalResults:
+    """Results at 256-2048 tokens of 30 documents with the given (accuracy, stderr) per column."""
+    results = RetrievalResults("passkey", [256, 512, 1024, 2048], 30, 0, 5, {"haystack": haystack})
+    limits = {"stock": 256, "trained": 2048}
     results.models = {
-        "stock": column([0.8, 0.1], 256),
-        "trained": column([0.9, 0.85], 2048),
-        "stock chunk-max@256": column([0.8, 0.7], 256),
+        name: ModelRetrieval(limits.get(name, 256 if "@" in name else 2048), acc, err, [[]] * 4, [[]] * 4)
+        for name, (acc, err) in figures.items()
     }
-    line = demo.verdict(results, "trained")
-    assert line.startswith("At 2048 tokens: one trained vector finds 0.85, the stock model 0.10")
-    assert "0.70 keeping 8 chunk vectors per document (stock chunk-max@256)" in line
+    return results
+
+
+CHUNKS_WIN = {  # the issue's natural-haystack figures: one vector ahead at 256, the chunks from 512 on
+    "stock": ([0.80, 0.40, 0.20, 0.07], [0.07, 0.09, 0.07, 0.05]),
+    "trained": ([1.00, 0.40, 0.13, 0.13], [0.00, 0.09, 0.06, 0.06]),
+    "stock chunk-max@256": ([0.80, 0.73, 0.60, 0.53], [0.07, 0.08, 0.09, 0.09]),
+    "trained late-chunk-max@256": ([1.00, 0.50, 0.40, 0.33], [0.00, 0.09, 0.09, 0.09]),
+}
+ONE_VECTOR_WINS = {  # the filler run committed before: one vector within an error of the best at every length
+    "stock": ([0.80, 0.50, 0.20, 0.07], [0.07, 0.09, 0.07, 0.05]),
+    "trained": ([0.97, 0.90, 0.90, 0.97], [0.03, 0.05, 0.05, 0.03]),
+    "stock chunk-max@256": ([0.80, 0.87, 0.93, 0.73], [0.07, 0.06, 0.05, 0.08]),
+    "trained late-chunk-max@256": ([0.97, 0.93, 0.77, 0.83], [0.03, 0.05, 0.08, 0.07]),
+}
+
+
+def test_the_verdict_says_the_chunks_win_where_the_figures_say_so():
+    line = demo.verdict(_results(CHUNKS_WIN))
+    assert line.startswith("Verdict (passkey, the needle in Persuasion prose;")
+    assert "one trained vector at 256 tokens (1.00); the stock model's chunks at 512, 1024, 2048 tokens" in line
+    assert "(0.73, 0.60, 0.53)" in line
+    assert line.endswith(
+        "At 2048 tokens keep the stock model's chunks, a vector per 256-token chunk: they find 0.53, one trained "
+        "vector 0.13, the trained model's late chunks 0.33."
+    )
+    assert "is enough" not in line
+
+
+def test_the_verdict_says_one_vector_is_enough_where_the_figures_say_so():
+    line = demo.verdict(_results(ONE_VECTOR_WINS, "filler"))
+    assert line.startswith("Verdict (passkey, the needle in synthetic filler;")
+    # At 1024 the chunks lead (0.93) but one vector is within their standard error (0.93 - 0.05 <= 0.90).
+    assert "one trained vector at 256, 512, 1024, 2048 tokens (0.97, 0.90, 0.90, 0.97)." in line
+    assert line.endswith(
+        "At 2048 tokens one trained vector per document is enough: it finds 0.97, the stock model's chunks 0.73, the "
+        "trained model's late chunks 0.83."
+    )
+    assert "keep" not in line
+
+
+def test_the_verdict_names_late_chunks_where_they_lead_and_the_untrained_patch_without_training():
+    figures = {name.replace("trained", "patched"): value for name, value in CHUNKS_WIN.items()}
+    figures["patched late-chunk-max@256"] = ([1.00, 0.90, 0.90, 0.85], [0.0, 0.05, 0.05, 0.06])
+    line = demo.verdict(_results(figures))  # no trained column: the patched model's
+    assert "one patched vector at 256 tokens (1.00); the patched model's late chunks at 512, 1024, 2048" in line
+    assert "At 2048 tokens keep the patched model's late chunks, a vector per 256-token chunk: they find 0.85," in line
+
+
+def _context(late: float, alone: float, queries: int = 80) -> ContextResults:
+    """The context task's figures at 1024 tokens: fact accuracy of the late chunks and of the stock chunks."""
+    context = ContextResults([1024], 40, 0, 128, {"chance": {"accuracy": [0.001], "fact_accuracy": [0.1]}})
+
+    def row(p: float, limit: int) -> ContextRow:
+        hits = [1.0] * round(p * queries) + [0.0] * (queries - round(p * queries))
+        error = (p * (1 - p) / queries) ** 0.5
+        return ContextRow(limit, [0.0], [0.0], [0.0], [p], [error], [0.0], [[0.0] * queries], [hits])
+
+    context.rows = {
+        "stock chunks": row(alone, 128),
+        "trained late chunks": row(late, 2048),
+        "stock": row(0.5, 256),
+        "trained": row(0.3, 2048),
+    }
+    return context
+
+
+def test_the_context_line_follows_its_figures():
+    line = demo.context_line(_context(0.60, 0.10), "trained")
+    assert line.startswith("A fact whose chunk does not name its subject (80 questions in 40 documents of 1024 tokens")
+    assert (
+        ": the trained model's late chunks find it above chance and more often than the stock model's chunks." in line
+    )
+    assert line.endswith("found 0.60 ± 0.05 by late chunks, 0.10 ± 0.03 by the stock model's chunks (chance 0.10).")
+    within = demo.context_line(_context(0.30, 0.25), "trained")
+    assert "late chunks find it above chance, within a standard error of the stock model's chunks" in within
+    at_chance = demo.context_line(_context(0.12, 0.02), "trained")  # 0.12 - 0.04 is not above 0.10
+    assert "the trained model's late chunks do not find it above chance" in at_chance

@@ -182,8 +182,28 @@ def test_embedding_tables_in_readme_and_docs_match_their_json():
     files = [str(ROOT / "README.md"), str(ROOT / "docs" / "embeddings.md")]
     for name in ("passkey", "speed"):
         assert f"<!-- posswap:embeddings-{name} -->" in (ROOT / "docs" / "embeddings.md").read_text()
-    assert "<!-- posswap:embeddings-passkey-summary -->" in (ROOT / "README.md").read_text()
     assert tool.main(["--check", *files]) == 0
+
+
+def test_context_tables_in_readme_and_docs_match_their_json():
+    """The late-chunking tables (README, docs/late-chunking.md) are the ones tools/readme_context.py writes from
+    results/context."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("readme_context", ROOT / "tools" / "readme_context.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    files = [ROOT / "README.md", ROOT / "docs" / "late-chunking.md"]
+    for path in files:
+        assert "<!-- posswap:context-summary -->\n|" in path.read_text(), path  # a block, and a table in it
+    assert tool.main(["--check", *map(str, files)]) == 0
+
+
+def test_no_readme_table_is_wider_than_nine_columns():
+    """The front page is read on a phone: a wider table belongs in docs/."""
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.startswith("|"):
+            assert line.strip().count("|") - 1 <= 9, line[:120]
 
 
 def test_one_description_of_posswap_everywhere():

@@ -375,19 +375,32 @@ def verdict_block(root: Path) -> list[str]:
 
 
 def demo_block(root: Path) -> list[str]:
-    """The committed ``posswap demo`` run (``results/demo/``: its retrieval.json and demo.json): the table it
-    printed, and what it took."""
+    """The committed ``posswap demo`` run (``results/demo/``: its retrieval.json, context.json and demo.json): the
+    table and the verdict it printed (``posswap.demo``'s own functions, from the figures), and what it took."""
+    from posswap.demo import context_line, verdict
+    from posswap.evaluation.context_retrieval import ContextResults
+    from posswap.evaluation.retrieval import RetrievalResults
+
     results = load(root)
     run = json.loads((root / "demo.json").read_text())
+    name = "trained" if run["steps"] else "patched"
+    haystack = results["settings"].get("haystack", "filler")
+    where = "LongEmbed's synthetic filler" if haystack == "filler" else f"held-out prose ({haystack.capitalize()})"
+    context = [context_line(ContextResults.load(root), name)] if (root / "context.json").is_file() else []
     load_average = "/".join(f"{x:.2f}" for x in run["load_before"]) if run.get("load_before") else "not recorded"
     trained = f"{run['train_seconds']:.0f} s of it training" if run.get("train_seconds") else "no training"
+    also = f", {run['context_documents']} of the context task" if run.get("context_documents") else ""
     return [
         *table(results),
         "",
-        caption(results),
+        caption(results, f"The needle in {where}."),
         "",
-        f"`posswap demo` ({run['steps']} steps, {run['documents']} documents per length): {run['wall_seconds'] / 60:.1f} "
-        f"minutes on {run['cpus']} cores, {trained} (load average before the run {load_average}; `results/demo/`).",
+        verdict(RetrievalResults.from_dict(results), name),
+        *(["", *context] if context else []),
+        "",
+        f"`posswap demo` ({run['steps']} steps, {run['documents']} documents per length{also}): "
+        f"{run['wall_seconds'] / 60:.1f} minutes on {run['cpus']} cores, {trained} (load average before the run "
+        f"{load_average}; `results/demo/`).",
     ]
 
 
