@@ -151,7 +151,17 @@ def test_a_pooling_width_that_disagrees_with_the_model_is_named(folders, tmp_pat
             "encode, over the 33,554,432 one evaluation takes: give shorter lengths or fewer documents.",
         ),
         (
-            ["--task", "needle-retrieval", "--lengths", "256", "300000", "--documents", "10"],
+            [
+                "--task",
+                "needle-retrieval",
+                "--lengths",
+                "256",
+                "300000",
+                "--documents",
+                "10",
+                "--baselines",
+                "chunk-max",
+            ],
             "lengths: 300000 tokens is longer than the persuasion haystack (104116 tokens of this tokenizer), whose "
             "text would repeat: give lengths up to 104116, or a longer haystack.",
         ),
