@@ -103,6 +103,8 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         from .evaluation.context_retrieval import run_context_command
 
         return run_context_command(args)
+    if args.chunk_tokens is not None:  # read by the context task only: never accepted and ignored
+        raise ValueError("--chunk-tokens applies to --task context-retrieval only; remove it.")
     if args.task != "text":  # long-document retrieval for sentence-transformers models
         from .evaluation.retrieval import run_retrieval_command
 
@@ -354,7 +356,7 @@ def _add_retrieval_flags(e) -> None:
     e.add_argument(
         "--chunk-tokens",
         type=int,
-        default=128,
+        default=None,
         help="context-retrieval: the most tokens a chunk holds, special tokens counted (default 128).",
     )
     e.add_argument("--documents", type=int, default=100, help="Retrieval: documents per length (default 100).")

@@ -77,8 +77,9 @@ def test_stock_chunks_are_at_chance_among_the_fact_chunks_and_one_vector_ties(mi
     assert abs(chunks.fact_accuracy[0] - chance) <= 3 * math.sqrt(chance * (1 - chance) / 80)
     # One vector per document: every chunk of a document ties, so at most one in its (three) chunks.
     assert results.rows["minilm"].accuracy[0] <= 1 / 3 + 1e-9
-    # Spans identical across rows: the chunk count is the task's, whatever the row.
+    # Every row is scored over the task's own chunks: one hit per question, the same candidates for each.
     assert results.settings["chunks"]["384"] == 3 * 40
+    assert all(len(row.hits[0]) == 80 for row in results.rows.values())
 
 
 @pytest.mark.parametrize(
@@ -88,6 +89,7 @@ def test_stock_chunks_are_at_chance_among_the_fact_chunks_and_one_vector_ties(mi
         (["--documents", "3"], "documents must be a whole number from 8 to"),
         (["--chunk-tokens", "8"], "chunk_tokens must be a whole number of tokens from 16 to 512; got 8."),
         (["--haystack", "kjv"], "--haystack: the context task reads its own two held-out haystacks; leave it out."),
+        (["--chunk-tokens", "64", "--task", "passkey-retrieval"], "--chunk-tokens applies to --task context-retrieval"),
     ],
 )
 def test_bad_context_flags_are_one_line_before_any_model_loads(tmp_path, capsys, argv, message):

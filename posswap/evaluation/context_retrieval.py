@@ -72,9 +72,9 @@ class ContextResults:
         """Write ``context.json`` into ``folder``, whole or not at all."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        staging = folder / f".context.json.{os.getpid()}.tmp"
-        staging.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        os.replace(staging, folder / "context.json")
+        from .retrieval import write_atomically
+
+        write_atomically(folder / "context.json", lambda p: p.write_text(json.dumps(self.to_dict(), indent=2) + "\n"))
         return folder / "context.json"
 
     def by_group(self, row: str, length: int, key: str) -> dict[str, float]:
@@ -308,7 +308,8 @@ def run_context_command(args) -> None:
     from .stream import resolve_device
 
     lengths = args.lengths or list(DEFAULT_CONTEXT_LENGTHS)
-    check_context_inputs(lengths, args.documents, args.chunk_tokens, args.batch_size)  # before any model loads
+    chunk_tokens = DEFAULT_CHUNK_TOKENS if args.chunk_tokens is None else args.chunk_tokens
+    check_context_inputs(lengths, args.documents, chunk_tokens, args.batch_size)  # before any model loads
     if args.haystack is not None:
         raise ValueError("--haystack: the context task reads its own two held-out haystacks; leave it out.")
     check_output_dir(args.out)
@@ -317,7 +318,7 @@ def run_context_command(args) -> None:
     device = resolve_device(args.device)
     models = {name: load_embedding_model(source, device) for name, source in short_model_names(args.models).items()}
     results = evaluate_context(
-        models, lengths, args.documents, args.seed, args.chunk_tokens, args.batch_size, args.baselines or None
+        models, lengths, args.documents, args.seed, chunk_tokens, args.batch_size, args.baselines or None
     )
     results.save(args.out)
     for metric in ("accuracy", "fact_accuracy"):

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 
 from ..data import read_document
+from .retrieval_tasks import special_tokens
 
 HAYSTACKS = ("persuasion", "python-docs")
 KINDS = ("person", "company", "town", "book")
@@ -206,7 +207,7 @@ def build_context_task(
     tag = "" if templates is EVALUATION else "-" + "-".join(templates.haystacks)
     rng = random.Random(f"posswap-context-{length}-{chunk_tokens}-{seed}{tag}")
     subjects = _subjects(random.Random(f"posswap-context-subjects-{seed}{tag}"), documents, templates)
-    special = len(tokenizer("a")["input_ids"]) - len(tokenizer("a", add_special_tokens=False)["input_ids"])
+    special = special_tokens(tokenizer)
     per_chunk = chunk_tokens - special
     count = (length - special) // per_chunk
     sentences = {h: _sentences(h) for h in templates.haystacks}

@@ -87,8 +87,8 @@ class RetrievalResults:
         """Write ``retrieval.json`` and ``retrieval.png`` into ``folder``, each whole or not at all."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        _atomic(folder / "retrieval.json", lambda p: p.write_text(json.dumps(self.to_dict(), indent=2) + "\n"))
-        _atomic(folder / "retrieval.png", lambda p: plot_retrieval(self, p))
+        write_atomically(folder / "retrieval.json", lambda p: p.write_text(json.dumps(self.to_dict(), indent=2) + "\n"))
+        write_atomically(folder / "retrieval.png", lambda p: plot_retrieval(self, p))
         return folder / "retrieval.json"
 
     def table(self) -> str:
@@ -110,7 +110,8 @@ class RetrievalResults:
         return "\n".join(lines)
 
 
-def _atomic(path: Path, write) -> None:
+def write_atomically(path: Path, write) -> None:
+    """``write(staging)`` then one rename onto ``path``: the file appears whole or not at all."""
     staging = path.with_name(f".{path.name}.{os.getpid()}.tmp{path.suffix}")
     try:
         write(staging)

@@ -200,7 +200,7 @@ class ContextChunkLoss(nn.Module):
         super().__init__()
         self.model, self.scale = model, scale
         self.pooling_at = mean_pooling_index(model, "embedding.context_pairs")
-        self.before = 1 if model.tokenizer.cls_token_id is not None else 0  # [CLS] ahead of the text tokens
+        self.before = model.tokenizer.num_special_tokens_to_add(pair=False) // 2  # [CLS] ahead, as piece_means
 
     def forward(self, sentence_features, labels: torch.Tensor) -> torch.Tensor:
         queries = self.model(sentence_features[0])["sentence_embedding"]
