@@ -42,8 +42,8 @@ def test_the_recipes_templates_share_nothing_with_the_evaluations():
 
 def test_rows_hold_a_question_its_fact_chunk_and_every_chunks_token_span(minilm_path):
     tokenizer = st.SentenceTransformer(minilm_path, device="cpu").tokenizer
-    rows = context_rows(tokenizer, [384, 512], 10, seed=0, chunk_tokens=128)
-    assert context_rows(tokenizer, [384], 0, 0, 128) is None
+    rows = context_rows(tokenizer, [384, 512], 10, seed=0, chunk_tokens=128, group=2)
+    assert context_rows(tokenizer, [384], 0, 0, 128, group=2) is None
     assert len(rows) == 10 and len(set(rows["document"])) == 10
     for query, document, label in zip(rows["query"], rows["document"], rows["label"]):
         gold, count = label[0], label[1]
@@ -59,9 +59,55 @@ def test_rows_hold_a_question_its_fact_chunk_and_every_chunks_token_span(minilm_
         assert subject <= words(document)  # the document does, elsewhere
 
 
+def asked(query: str) -> tuple[str, str]:
+    """(kind, relation) of a training question, by matching it against every question template."""
+    found = [
+        (kind, relation[0])
+        for kind in KINDS
+        for relation in TRAINING.relations[kind]
+        if re.fullmatch(re.escape(relation[2]).replace(re.escape("{name}"), ".+"), query)
+    ]
+    assert len(found) == 1, query
+    return found[0]
+
+
+def test_each_group_of_rows_asks_one_question_of_documents_of_one_length(minilm_path):
+    tokenizer = st.SentenceTransformer(minilm_path, device="cpu").tokenizer
+    rows = context_rows(tokenizer, [384, 640], 27, seed=3, chunk_tokens=128, group=4)  # rounded down: 6 groups
+    assert len(rows) == 24 and len(set(rows["document"])) == 24
+    lengths = set()
+    for g in range(6):
+        label = rows["label"][4 * g : 4 * g + 4]
+        assert len({asked(q) for q in rows["query"][4 * g : 4 * g + 4]}) == 1  # one kind, one question
+        assert len({n[1] for n in label}) == 1  # one length: as many chunks in each document
+        lengths.add(label[0][1])
+    assert lengths == {3, 5}  # both lengths, in groups of their own
+
+
+def test_the_trainer_batches_the_context_groups_whole_and_nothing_else():
+    import datasets
+    from sentence_transformers.base.sampler import NoDuplicatesBatchSampler
+
+    from posswap.training.embedding_batches import ContextBatchSampler, context_batch_sampler
+    from posswap.training.embedding_context import GROUPED
+
+    grouped = datasets.Dataset.from_dict(
+        {"query": [str(i) for i in range(12)]}, info=datasets.DatasetInfo(description=GROUPED)
+    )
+    sampler = context_batch_sampler(grouped, batch_size=4, drop_last=True, seed=5)
+    assert isinstance(sampler, ContextBatchSampler) and len(sampler) == 3
+    batches = list(sampler)
+    assert sorted(map(tuple, batches)) == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11)]
+    sampler.set_epoch(1)
+    orders = {tuple(b[0] for b in batches), tuple(b[0] for b in sampler)}
+    assert len(orders) == 2 or len(batches) == 1  # another order in another epoch (3! orders: checked for seed 5)
+    plain = datasets.Dataset.from_dict({"query": ["a", "b", "c", "d"]})
+    assert isinstance(context_batch_sampler(plain, batch_size=2, drop_last=True, seed=0), NoDuplicatesBatchSampler)
+
+
 def test_the_loss_is_a_ranking_over_every_chunk_of_the_batch(tiny_st):  # noqa: F811
     model = posswap.patch(st.SentenceTransformer(str(tiny_st), device="cpu"), posswap.InterpolateConfig(512, "stride"))
-    rows = context_rows(model.tokenizer, [200], 3, seed=1, chunk_tokens=64)
+    rows = context_rows(model.tokenizer, [200], 3, seed=1, chunk_tokens=64, group=3)
     labels = torch.tensor(rows["label"])
     loss = ContextChunkLoss(model, scale=20.0)
     with torch.no_grad():

@@ -104,7 +104,7 @@ def train_once(recipe: Recipe, seed: int, run_dir: Path, log: JsonLog, raw, firs
     trainer = SentenceTransformerTrainer(
         model=model,
         args=training_arguments(recipe, run_dir, seed),
-        **datasets_and_losses(model, e, pairs, taught, chunked, old_limit, context_pairs(model, e, seed)),
+        **datasets_and_losses(model, e, pairs, taught, chunked, old_limit, context_pairs(model, e, seed, t.batch_size)),
         optimizers=optimizer_and_schedule(model, positions, t),
         callbacks=[log],
     )
@@ -141,11 +141,11 @@ def _no_change(grad: torch.Tensor) -> None:
     """Returns None: the gradient goes on as it is."""
 
 
-def context_pairs(model, e, seed: int):
+def context_pairs(model, e, seed: int, batch_size: int):
     """The ``embedding.context_pairs`` rows (documents with a question about a subject named elsewhere in them)."""
     check_context_pairs(model, e.context_pairs)
     lengths = e.context_document_lengths()
-    return context_rows(model.tokenizer, lengths, e.context_pairs, seed, e.context_chunk_tokens)
+    return context_rows(model.tokenizer, lengths, e.context_pairs, seed, e.context_chunk_tokens, batch_size)
 
 
 def datasets_and_losses(model, e, pairs, taught, chunked, old_limit: int, contexts=None) -> dict:
@@ -223,7 +223,8 @@ def optimizer_and_schedule(model: nn.Module, positions: set[int], t):
 
 def training_arguments(recipe: Recipe, run_dir: Path, seed: int):
     from sentence_transformers import SentenceTransformerTrainingArguments
-    from sentence_transformers.base.sampler import BatchSamplers
+
+    from .embedding_batches import context_batch_sampler
 
     t = recipe.train
     return SentenceTransformerTrainingArguments(
@@ -239,7 +240,7 @@ def training_arguments(recipe: Recipe, run_dir: Path, seed: int):
         data_seed=seed,
         use_cpu=not torch.cuda.is_available(),
         dataloader_drop_last=True,
-        batch_sampler=BatchSamplers.NO_DUPLICATES,  # a repeated passage would be its own false negative
+        batch_sampler=context_batch_sampler,
         disable_tqdm=False,
         # Named only when on: transformers 5 warns that the name is deprecated whenever it is passed.
         **({"gradient_checkpointing": True} if t.gradient_checkpointing else {}),

@@ -11,6 +11,8 @@ negatives): the fact's chunk, its tokens mean-pooled while the model reads the w
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import random
 from typing import Any
 
@@ -20,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..evaluation.chunking import after_pooling, mean_pooling_index
-from ..evaluation.context_task import EVALUATION, KINDS, Templates, build_context_task, max_context_documents
+from ..evaluation.context_task import EVALUATION, KINDS, Templates, build_context_task
 
 SYLLABLES = (
     "al bar bel bor bran cal cas cor dal dar del dun el fal fen gar gil hal har hel hol ir jas ker kil lan lor "
@@ -37,25 +39,50 @@ BOOK_WORDS = (
 )
 
 
+GIVEN = (
+    "Agatha Barnaby Clement Dorothea Edmund Felicity Gideon Harriet Ignatius Juliana Lavinia Montague Nathaniel "
+    "Ophelia Peregrine Rosalind Sebastian Theodora Ulric Verity Winifred Xavier Yolanda Zachary Beatrix Cornelius "
+    "Drusilla Evander Florian Griselda Horatio Imogen Jasper Katrina Leopold Millicent Octavia Percival Quentin "
+    "Rowena Silas Thomasina Valentine Wilhelmina Alaric Cecily Digby Esme Fitzroy Gwendolen Humphrey Isadora Jocasta "
+    "Lysander Mirabel Nicodemus Philippa Reginald Seraphina Tobias Ursula Vivian"
+).split()
+FAMILY = (
+    "Ashworth Blackwood Cartwright Drummond Ellsworth Fairbanks Goodwin Hargreaves Ingram Jennings Kingsley Lockhart "
+    "Merriweather Northcott Osborne Pemberton Radcliffe Sutherland Thackeray Underwood Vance Wainwright Yardley "
+    "Ackroyd Braithwaite Crowther Dunstan Eversley Fothergill Grimshaw Hollis Inchbald Jessop Kettering Langley "
+    "Mortimer Nettleton Oakley Pickering Rutherford Stanhope Tolliver Upton Villiers Whitlock"
+).split()
+TOWN_STARTS = "Ash Black Bright Cold Deep Elm Fair Green High Long Mill Moor New Old Red Salt Stan Stone West White".split()
+
+
 def _names(kind: str, count: int = 2000) -> list[str]:
-    """``count`` invented names of a kind, made of syllables (a fixed seed: the same names on every machine), none
-    sharing a word with the evaluation's: the model cannot learn the names, only where they are."""
+    """``count`` invented names of a kind (a fixed seed: the same names on every machine), half made of syllables and
+    half of name-like words, none sharing a word with the evaluation's: the model cannot learn the names, only
+    where they are."""
     rng = random.Random(f"posswap-context-training-names-{kind}")
     taken = {w.lower() for words in EVALUATION.words.values() for pool in words for w in pool}
     word = lambda n: "".join(rng.choice(SYLLABLES) for _ in range(n)).capitalize()  # noqa: E731
-    made = set()
-    while len(made) < count:
-        if kind == "person":
-            name = f"{word(2)} {word(rng.choice((2, 3)))}"
-        elif kind == "company":
-            name = f"{word(rng.choice((2, 3)))} {rng.choice(FIRM_ENDS)}"
-        elif kind == "town":
-            name = word(rng.choice((1, 2))) + rng.choice(TOWN_ENDS)
-        else:
-            name = f"The {rng.choice(BOOK_WORDS[0])} {rng.choice(BOOK_WORDS[1])} of {word(2)}"
+    made: set[str] = set()
+    for attempt in itertools.count():
+        if len(made) == count:
+            return sorted(made)
+        name = _name(kind, rng, word, plain=attempt % 2 == 0)  # name-like words run out first (towns: 280)
         if not {w.lower() for w in name.split()} & taken:
             made.add(name)
-    return sorted(made)
+    raise AssertionError("unreachable")
+
+
+def _name(kind: str, rng: random.Random, word, plain: bool) -> str:
+    """One name: of name-like words where ``plain``, else of syllables."""
+    if kind == "person":
+        return f"{rng.choice(GIVEN)} {rng.choice(FAMILY)}" if plain else f"{word(2)} {word(rng.choice((2, 3)))}"
+    if kind == "company":
+        first = rng.choice(FAMILY) if plain else word(rng.choice((2, 3)))
+        return f"{first} {rng.choice(FIRM_ENDS)}"
+    if kind == "town":
+        return (rng.choice(TOWN_STARTS) if plain else word(rng.choice((1, 2)))) + rng.choice(TOWN_ENDS)
+    tail = f" of {rng.choice(FAMILY)}" if plain else f" of {word(2)}"
+    return f"The {rng.choice(BOOK_WORDS[0])} {rng.choice(BOOK_WORDS[1])}" + (tail if rng.random() < 0.5 else "")
 
 
 def _relation(name: str, fact: str, query: str, values: str) -> tuple:
@@ -106,6 +133,14 @@ TRAINING = Templates(
                       "glazier,saddler,chandler,cooper,bookbinder,apothecary,surveyor,milliner"),
             _relation("sibling", "has a {value} who lives abroad.", "Which relation of {name} lives abroad?",
                       "brother,sister,cousin,niece,nephew,uncle,aunt"),
+            _relation("horse", "rides a {value} horse to church.", "What horse does {name} ride?",
+                      "grey,black,chestnut,bay,white,piebald"),
+            _relation("grows", "grows {value} in a little plot by the gate.", "What does {name} grow?",
+                      "roses,turnips,tulips,strawberries,herbs,onions,lilies"),
+            _relation("language", "speaks {value} as well as English.", "Which language does {name} speak?",
+                      "French,Italian,German,Spanish,Dutch,Welsh,Latin"),
+            _relation("game", "plays {value} with the curate every week.", "Which game does {name} play?",
+                      "chess,whist,draughts,backgammon,cribbage,billiards"),
         ),
         "company": (
             _relation("workers", "employs {value} workers in its sheds.", "How many people does {name} employ?",
@@ -118,6 +153,12 @@ TRAINING = Templates(
                       "chapel,granary,warehouse,coaching inn,mill,customs house"),
             _relation("fire", "lost its warehouse to a fire in {value}.", "When did {name} suffer a fire?",
                       "1820,1833,1841,1856,1862,1874,1889"),
+            _relation("carriage", "sends its goods by {value}.", "How does {name} send its goods?",
+                      "canal,rail,sea,coach,cart,river barge"),
+            _relation("motto", "has the motto '{value}' painted over its door.", "What is the motto of {name}?",
+                      "Honest Work,Always Ready,Steady and True,Built to Last,Fair Prices"),
+            _relation("rival", "competes with a rival house in {value}.", "Where is the rival of {name}?",
+                      "Leeds,Bristol,Glasgow,Norwich,Exeter,Dublin,York"),
         ),
         "town": (
             _relation("festival", "holds a {value} festival every summer.", "What festival does {name} hold?",
@@ -130,6 +171,12 @@ TRAINING = Templates(
                       "Michael,Mary,Peter,Andrew,Giles,Margaret,Nicholas"),
             _relation("flood", "was flooded in the great storm of {value}.", "When was {name} flooded?",
                       "1703,1760,1795,1811,1839,1852"),
+            _relation("inn", "has an inn called the {value}.", "What is the inn of {name} called?",
+                      "Red Lion,White Hart,Crown,Bell,Swan,Plough,Black Bull"),
+            _relation("mayor", "has a mayor who was once a {value}.", "What was the mayor of {name} before?",
+                      "baker,sailor,soldier,teacher,miller,lawyer"),
+            _relation("living", "lives by {value}.", "How does {name} make its living?",
+                      "fishing,weaving,mining,farming,brewing,quarrying"),
         ),
         "book": (
             _relation("dedication", "is dedicated to the author's {value}.", "To whom is {name} dedicated?",
@@ -142,6 +189,12 @@ TRAINING = Templates(
                       "green,red,calf,blue,black,brown"),
             _relation("price", "sold for {value} shillings a copy.", "What did {name} cost?",
                       "three,five,seven,ten,twelve,fifteen"),
+            _relation("hero", "has a hero who is a {value}.", "Who is the hero of {name}?",
+                      "soldier,vicar,sailor,poet,orphan,gardener,judge"),
+            _relation("ending", "ends with a {value}.", "How does {name} end?",
+                      "wedding,funeral,shipwreck,duel,reunion,journey"),
+            _relation("readers", "was written for {value}.", "For whom was {name} written?",
+                      "children,sailors,young ladies,scholars,farmers"),
         ),
     },
     templates=("intro-pronoun", "intro-description"),
@@ -149,37 +202,57 @@ TRAINING = Templates(
 )  # fmt: skip
 
 
-def context_rows(tokenizer, lengths: list[int], rows: int, seed: int, chunk_tokens: int) -> datasets.Dataset | None:
-    """``rows`` of ``query`` (a question about a document's subject), ``document`` and ``label`` (the fact's
-    chunk, the chunk count, then each chunk's [start, end) in the document's text tokens, padded with -1), for
-    documents of each of ``lengths`` in turn; None for none."""
+GROUPED = "posswap context pairs: each run of batch_size rows is one batch"
+
+
+def context_rows(
+    tokenizer, lengths: list[int], rows: int, seed: int, chunk_tokens: int, group: int
+) -> datasets.Dataset | None:
+    """``rows`` (rounded down to whole groups) of ``query`` (a question about a document's subject), ``document``
+    and ``label`` (the fact's chunk, the chunk count, then each chunk's [start, end) in the document's text tokens,
+    padded with -1), in groups of ``group`` rows: documents of one length and one kind that all answer the same
+    question, each about its own subject. Trained as one batch (:func:`context_batch_sampler`), a group's other
+    fact chunks say what the question asks and differ only in whose fact they are: the chunk must carry its
+    subject, which only its document names. None for none."""
     if not rows:
         return None
-    per_length = [rows // len(lengths) + (i < rows % len(lengths)) for i in range(len(lengths))]
+    groups = rows // group
+    per_length = [groups // len(lengths) + (i < groups % len(lengths)) for i in range(len(lengths))]
     rng = random.Random(f"posswap-context-pairs-{seed}")
-    queries, documents, labels = [], [], []
-    most = max_context_documents(TRAINING)
-    for length, count in zip(lengths, per_length):
-        for part, at in enumerate(range(0, count, most)):  # a task holds `most` subjects: more tasks, other seeds
-            here = min(most, count - at)
-            task = build_context_task(
-                tokenizer, length, max(2 * len(KINDS), here), seed * 1000 + part, chunk_tokens, TRAINING
-            )
-            for d in range(here):
-                query = rng.choice([q for q in task.queries if q.document == d])
-                queries.append(query.query)
-                documents.append(task.documents[d])
-                labels.append([query.chunk, len(task.chunks[d])] + _spans(tokenizer, task.chunks[d]))
-    width = max(len(label) for label in labels)
-    labels = [label + [-1] * (width - len(label)) for label in labels]
-    order = rng.sample(range(len(queries)), len(queries))
+    built = []
+    for at, (length, count) in enumerate(zip(lengths, per_length)):
+        for part in range(0, count, len(KINDS)):  # one task (its own subjects): `group` documents of each kind
+            task_seed = (seed * 100 + at) * 1000 + part
+            built += _groups(tokenizer, rng, length, min(len(KINDS), count - part), group, task_seed, chunk_tokens)
+    rng.shuffle(built)
+    flat = [row for rows_of_group in built for row in rows_of_group]
+    width = max(len(label) for _, _, label in flat)
     return datasets.Dataset.from_dict(
         {
-            "query": [queries[i] for i in order],
-            "document": [documents[i] for i in order],
-            "label": [labels[i] for i in order],
-        }
+            "query": [q for q, _, _ in flat],
+            "document": [d for _, d, _ in flat],
+            "label": [label + [-1] * (width - len(label)) for _, _, label in flat],
+        },
+        info=datasets.DatasetInfo(description=GROUPED),
     )
+
+
+def _groups(tokenizer, rng, length: int, kinds: int, group: int, seed: int, chunk_tokens: int) -> list[list[tuple]]:
+    """``kinds`` groups (one per kind, in turn): the documents of a task whose kinds each ask two questions (drawn
+    from the recipe's), one of them asked of all ``group`` documents of the kind."""
+    asked = {kind: tuple(rng.sample(TRAINING.relations[kind], 2)) for kind in KINDS}
+    templates = dataclasses.replace(TRAINING, relations=asked)
+    task = build_context_task(tokenizer, length, len(KINDS) * group, seed, chunk_tokens, templates)
+    groups = []
+    for k, kind in enumerate(KINDS[:kinds]):
+        relation = rng.choice(asked[kind])[0]
+        rows = []
+        for d in range(k, len(task.chunks), len(KINDS)):
+            query = next(q for q in task.queries if q.document == d and q.relation == relation)
+            spans = _spans(tokenizer, task.chunks[d])
+            rows.append((query.query, task.documents[d], [query.chunk, len(task.chunks[d])] + spans))
+        groups.append(rows)
+    return groups
 
 
 def _spans(tokenizer, pieces: list[str]) -> list[int]:
