@@ -7,8 +7,8 @@
 Reads ``results/context/<run>/context/context.json`` (``posswap eval posswap:minilm STRIDE RUN --task
 context-retrieval``) and ``<run>/needle`` and ``<run>/passkey`` (``--baselines chunk-max late-chunk-max``) for
 each run folder. A block sits between ``<!-- posswap:context-NAME -->`` and ``<!-- /posswap:context-NAME -->``:
-``summary`` (per length: the stock model's chunks, the untrained patch's late chunks, the recipe's late chunks and
-one vector; then the verdict), ``parity`` (late chunks against the stock chunks on passkey and needle).
+``summary`` (per length: the stock model's chunks, the untrained patch's late chunks (from ``untrained.json``
+where the run did not score them), the recipe's late chunks and one vector; then the verdict), ``parity`` (late chunks against the stock chunks on passkey and needle).
 """
 
 from __future__ import annotations
@@ -35,18 +35,33 @@ def cell(value: float, error: float) -> str:
     return f"{value:.2f} ± {error:.2f}"
 
 
+def with_untrained(context: dict, root: Path) -> dict:
+    """The run's context.json with the untrained patch's rows from ``root/untrained.json`` where the run did not
+    score them (the same documents: their fingerprints must agree)."""
+    if len([r for r in context["rows"] if r.endswith(" late chunks")]) > 1:
+        return context
+    untrained = load(root / "untrained.json")
+    if untrained["settings"]["fingerprints"] != context["settings"]["fingerprints"]:
+        raise SystemExit(f"{root / 'untrained.json'} scored other documents than the run: rescore the untrained patch.")
+    rows = dict(context["rows"])
+    late = [r for r in rows if r.endswith(" late chunks")]
+    ordered = {r: v for r, v in rows.items() if r not in late}
+    ordered = {next(iter(rows)): rows[next(iter(rows))]} | untrained["rows"] | {r: rows[r] for r in late} | ordered
+    return context | {"rows": ordered}
+
+
 def columns(context: dict) -> dict[str, str]:
     """What each row of a context.json is: stock chunks, untrained late chunks, the recipe's late chunks, and the
     recipe's one vector (the last model of the run)."""
     rows = list(context["rows"])
     chunks = next(r for r in rows if r.endswith(" chunks") and not r.endswith("late chunks"))
     late = [r for r in rows if r.endswith(" late chunks")]
-    vectors = [r for r in rows if r not in late and r != chunks]
+    vectors = [r for r in rows if r not in late and r != chunks and not r.startswith("stride-untrained")]
     return {"stock chunks": chunks, "late (untrained)": late[0], "late (recipe)": late[-1], "one vector": vectors[-1]}
 
 
 def summary_block(run: Path) -> list[str]:
-    context = load(run / "context" / "context.json")
+    context = with_untrained(load(run / "context" / "context.json"), run.parent)
     named = columns(context)
     heads = [f"{name}: all chunks" for name in named] + [f"{name}: facts" for name in list(named)[:3]]
     lines = [f"| tokens | {' | '.join(heads)} |", "|---|" + "---|" * len(heads)]
@@ -129,16 +144,11 @@ def seeds_line(found: list[Path]) -> str:
 
 def blocks(root: Path) -> dict[str, list[str]]:
     found = runs(root)
-    complete = [r for r in found if len(columns(load(r / "context" / "context.json"))) == 4 and _has_untrained(r)]
+    complete = [r for r in found if (r / "passkey" / "retrieval.json").is_file()]
     if not complete:
         raise SystemExit(f"No complete results in {root}: run posswap eval ... --task context-retrieval first.")
-    run = complete[0]  # the first seed, scored with every row; the others add their late chunks to seeds_line
+    run = complete[0]  # the first seed scored on every task; the others add their late chunks to seeds_line
     return {"summary": summary_block(run) + ["", seeds_line(found)], "parity": parity_block(run)}
-
-
-def _has_untrained(run: Path) -> bool:
-    rows = load(run / "context" / "context.json")["rows"]
-    return len([r for r in rows if r.endswith(" late chunks")]) > 1
 
 
 def rewritten(text: str, generated: dict[str, list[str]]) -> str:
