@@ -2,66 +2,63 @@
 further (a longer table, RoPE, ALiBi, T5 bias, TUPE, a fixed sinusoid or none), then train, evaluate and share the
 result."""
 
-from . import methods  # noqa: F401  (registers every method)
-from .config import PositionConfig, config_from_dict
-from .evaluation import Results, evaluate
-from .evaluation.late_chunking import late_chunk_pieces, late_chunks
-from .evaluation.text_pieces import split_text
-from .export import export
-from .hub import model_card, push_to_hub
-from .loading import from_pretrained
-from .methods.alibi import AlibiConfig
-from .methods.interpolate import InterpolateConfig
-from .methods.nope import NopeConfig
-from .methods.rope import RopeConfig
-from .methods.sinusoidal import SinusoidalConfig
-from .methods.t5_bias import T5BiasConfig
-from .methods.tupe import TupeConfig
-from .patching import patch, patched_config
-from .portable.posswap_architectures import ARCHITECTURES
-from .version import __version__
+import importlib
+import importlib.util
 
-__all__ = [
-    "AlibiConfig",
-    "ARCHITECTURES",
-    "InterpolateConfig",
-    "NopeConfig",
-    "PositionConfig",
-    "Results",
-    "RopeConfig",
-    "SinusoidalConfig",
-    "T5BiasConfig",
-    "TupeConfig",
-    "__version__",
-    "config_from_dict",
-    "evaluate",
-    "export",
-    "from_pretrained",
-    "late_chunk_pieces",
-    "late_chunks",
-    "load_recipe",
-    "model_card",
-    "patch",
-    "patched_config",
-    "push_to_hub",
-    "split_text",
-    "train",
-]
+from .version import __version__ as __version__
+
+# Public name -> the module that defines it. Each is imported on first use (``posswap.patch``, ``from posswap import
+# RopeConfig``), so ``import posswap`` costs nothing and a user pays for what they use: a config brings torch, the
+# training names bring datasets and accelerate.
+_WHERE = {
+    "ARCHITECTURES": "portable.posswap_architectures",
+    "PositionConfig": "config",
+    "Results": "evaluation",
+    "config_from_dict": "config",
+    "evaluate": "evaluation",
+    "export": "export",
+    "from_pretrained": "loading",
+    "late_chunk_pieces": "evaluation.late_chunking",
+    "late_chunks": "evaluation.late_chunking",
+    "load_recipe": "training",
+    "model_card": "hub",
+    "patch": "patching",
+    "patched_config": "patching",
+    "push_to_hub": "hub",
+    "split_text": "evaluation.text_pieces",
+    "train": "training",
+}
+# Each method's config class, from the methods' index (generated: posswap/methods/index.py).
+_CONFIGS = {
+    "AlibiConfig": "methods.alibi",
+    "InterpolateConfig": "methods.interpolate",
+    "NopeConfig": "methods.nope",
+    "RopeConfig": "methods.rope",
+    "SinusoidalConfig": "methods.sinusoidal",
+    "T5BiasConfig": "methods.t5_bias",
+    "TupeConfig": "methods.tupe",
+}
+
+__all__ = sorted([*_WHERE, *_CONFIGS, "__version__"], key=lambda name: (not name[0].isupper(), name.lower()))
 
 # Names that were in the README of an earlier posswap -> their names now.
 _RENAMED = {"NoPEConfig": "NopeConfig", "functional": "portable.posswap_functional"}
 
 
-# Public, but imported on first use: the training code brings datasets and accelerate, which patching and loading
-# never need (``from posswap import train`` works as for any other name).
-_LAZY = {"train": "training", "load_recipe": "training"}
-
-
 def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    where = _WHERE.get(name) or _CONFIGS.get(name)
+    if where is not None:
+        if name == "config_from_dict":  # it finds any method by name: every method registered first
+            importlib.import_module(".methods", __name__)
+        value = getattr(importlib.import_module(f".{where}", __name__), name)
+        globals()[name] = value  # found once: the next use is a plain attribute
+        return value
     if name in _RENAMED:
         raise AttributeError(f"posswap.{name} was renamed posswap.{_RENAMED[name]}; use posswap.{_RENAMED[name]}.")
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f".{name}", __name__)  # a submodule, as before any was imported
     raise AttributeError(f"module 'posswap' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

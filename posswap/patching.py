@@ -7,6 +7,7 @@ from typing import Any
 
 from torch import nn
 
+from . import methods  # noqa: F401  (every method registered: patch and load find them by name)
 from .config import PositionConfig, config_from_dict
 from .memory import check_patch_fits
 from .portable.modeling_posswap import CONFIG_CLASSES

@@ -11,7 +11,8 @@ import pytest
 from test_bad_inputs import assert_one_line_error
 
 from posswap import demo
-from posswap.cli import DEMO_CONTEXT_DOCUMENTS, DEMO_HAYSTACKS, build_parser, main
+from posswap.cli import build_parser, main
+from posswap.cli.facts import DEMO_CONTEXT_DOCUMENTS, DEMO_HAYSTACKS
 from posswap.evaluation.context_retrieval import ContextResults, ContextRow
 from posswap.evaluation.retrieval import ModelRetrieval, RetrievalResults
 from posswap.training.recipe import load_recipe

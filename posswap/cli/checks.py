@@ -1,5 +1,5 @@
 """What ``posswap patch`` checks about a model before any work: that ``--max-length`` does not shrink it unless
-``--allow-shrink`` says so (one line, exit 2). That a bare name is found at all is :mod:`posswap.model_sources`'s."""
+``--allow-shrink`` says so (one line, exit 2). That a bare name is found at all is :mod:`posswap.cli.model_sources`'s."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ def model_length(source: str) -> int | None:
     patch (``patch`` names it)."""
     from transformers import AutoConfig
 
-    from .portable.modeling_posswap import MODEL_TYPE_PREFIX
-    from .portable.posswap_architectures import ARCHITECTURES
-    from .sentence_models import transformer_folder
+    from ..portable.modeling_posswap import MODEL_TYPE_PREFIX
+    from ..portable.posswap_architectures import ARCHITECTURES
+    from ..sentence_models import transformer_folder
 
     config = AutoConfig.from_pretrained(source, subfolder=transformer_folder(source) or "")
     arch = ARCHITECTURES.get(str(getattr(config, "model_type", "")).removeprefix(MODEL_TYPE_PREFIX))
