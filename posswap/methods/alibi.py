@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ..absolute import ABSOLUTE_HELP, check_absolute, keep_table, planned_table_weight
-from ..backends import BACKEND_HELP, check_bias_backend, resolve_bias_backend
 from ..config import PositionConfig
 from ..portable.posswap_architectures import Sites
 from ..portable.posswap_attention import BACKENDS, bias_map
 from ..portable.posswap_rules import boolean, choice
 from ..portable.posswap_tables import ABSOLUTE_CHOICES
 from ..registry import register_method
+from .absolute import ABSOLUTE_HELP, check_absolute, keep_table, planned_table_weight
+from .backends import BACKEND_HELP, check_bias_backend, resolve_bias_backend
 
 
 @dataclass

@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..absolute import ABSOLUTE_HELP, check_absolute, keep_table, planned_table_weight
-from ..backends import BACKEND_HELP, check_backend
 from ..config import PositionConfig
 from ..portable.posswap_architectures import Sites
 from ..portable.posswap_attention import BACKENDS
@@ -22,6 +20,8 @@ from ..portable.posswap_rules import check as check_rule
 from ..portable.posswap_rules import choice, number
 from ..portable.posswap_tables import ABSOLUTE_CHOICES
 from ..registry import register_method
+from .absolute import ABSOLUTE_HELP, check_absolute, keep_table, planned_table_weight
+from .backends import BACKEND_HELP, check_backend
 from .rope_fit import fit_rotary_biases
 from .table_logits import original_rows
 

@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..absolute import ABSOLUTE_HELP, check_absolute, keep_table, planned_table_weight
-from ..backends import BACKEND_HELP, check_bias_backend, resolve_bias_backend
 from ..config import PositionConfig
 from ..portable.posswap_architectures import Sites
 from ..portable.posswap_attention import BACKENDS, bias_map
@@ -30,6 +28,8 @@ from ..portable.posswap_rules import check as check_rule
 from ..portable.posswap_t5 import INITS, t5_buckets
 from ..portable.posswap_tables import ABSOLUTE_CHOICES
 from ..registry import register_method
+from .absolute import ABSOLUTE_HELP, check_absolute, keep_table, planned_table_weight
+from .backends import BACKEND_HELP, check_bias_backend, resolve_bias_backend
 from .table_logits import first_layer_position_scores, original_rows
 
 

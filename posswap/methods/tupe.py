@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..architectures import embedding_projection, first_layer_qk
-from ..backends import BACKEND_HELP, check_bias_backend, resolve_bias_backend
 from ..config import PositionConfig
 from ..memory import resampled_table_bytes_per_row
 from ..portable.posswap_architectures import Sites
@@ -24,6 +22,8 @@ from ..portable.posswap_functional import RESAMPLE_MODES
 from ..portable.posswap_rules import boolean, choice
 from ..portable.posswap_tupe import tupe_map
 from ..registry import register_method
+from .architectures import embedding_projection, first_layer_qk
+from .backends import BACKEND_HELP, check_bias_backend, resolve_bias_backend
 from .interpolate import resized_table_weight
 
 

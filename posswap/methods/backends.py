@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .portable.posswap_attention import BIAS_IMPLEMENTATIONS
+from ..portable.posswap_attention import BIAS_IMPLEMENTATIONS
 
 # The help of the ``backend`` option, one text for every method that has it (one name, one meaning).
 BACKEND_HELP = "Attention kernel: sdpa, flex or eager; default: what the model was loaded with."

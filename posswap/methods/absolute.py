@@ -8,10 +8,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import check_choice
-from .portable.posswap_architectures import Sites
-from .portable.posswap_functional import resample_positions
-from .portable.posswap_tables import ABSOLUTE_CHOICES
+from ..config import check_choice
+from ..portable.posswap_architectures import Sites
+from ..portable.posswap_functional import resample_positions
+from ..portable.posswap_tables import ABSOLUTE_CHOICES
 
 # The help of the ``absolute`` option, one text for every method that has it (one name, one meaning).
 ABSOLUTE_HELP = "The learned position table: drop (remove it; default) or keep (keep it, extended by copying rows)."
