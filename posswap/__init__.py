@@ -2,54 +2,67 @@
 further (a longer table, RoPE, ALiBi, T5 bias, TUPE, a fixed sinusoid or none), then train, evaluate and share the
 result."""
 
+import ast
 import importlib
 import importlib.util
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .version import __version__ as __version__
 
-# Public name -> the module that defines it. Each is imported on first use (``posswap.patch``, ``from posswap import
-# RopeConfig``), so ``import posswap`` costs nothing and a user pays for what they use: a config brings torch, the
-# training names bring datasets and accelerate.
-_WHERE = {
-    "ARCHITECTURES": "portable.posswap_architectures",
-    "PositionConfig": "config",
-    "Results": "evaluation",
-    "config_from_dict": "config",
-    "evaluate": "evaluation",
-    "export": "export",
-    "from_pretrained": "loading",
-    "late_chunk_pieces": "evaluation.late_chunking",
-    "late_chunks": "evaluation.late_chunking",
-    "load_recipe": "training",
-    "model_card": "hub",
-    "patch": "patching",
-    "patched_config": "patching",
-    "push_to_hub": "hub",
-    "split_text": "evaluation.text_pieces",
-    "train": "training",
-}
-# Each method's config class, from the methods' index (generated: posswap/methods/index.py).
-_CONFIGS = {
-    "AlibiConfig": "methods.alibi",
-    "InterpolateConfig": "methods.interpolate",
-    "NopeConfig": "methods.nope",
-    "RopeConfig": "methods.rope",
-    "SinusoidalConfig": "methods.sinusoidal",
-    "T5BiasConfig": "methods.t5_bias",
-    "TupeConfig": "methods.tupe",
-}
-
-__all__ = sorted([*_WHERE, *_CONFIGS, "__version__"], key=lambda name: (not name[0].isupper(), name.lower()))
+# The public names besides the method configs. Each is imported on first use (``posswap.patch``, ``from posswap import
+# patch``), so ``import posswap`` costs nothing and a user pays for what they use: a config brings torch, the
+# training names bring datasets and accelerate. Type checkers and the API reference read the imports below; the
+# run time reads where each name lives from them (``_where``).
+if TYPE_CHECKING:
+    from .config import PositionConfig, config_from_dict  # noqa: F401
+    from .evaluation import Results, evaluate  # noqa: F401
+    from .evaluation.late_chunking import late_chunk_pieces, late_chunks  # noqa: F401
+    from .evaluation.text_pieces import split_text  # noqa: F401
+    from .export import export  # noqa: F401
+    from .hub import model_card, push_to_hub  # noqa: F401
+    from .loading import from_pretrained  # noqa: F401
+    from .patching import patch, patched_config  # noqa: F401
+    from .portable.posswap_architectures import ARCHITECTURES  # noqa: F401
+    from .training import load_recipe, train  # noqa: F401
 
 # Names that were in the README of an earlier posswap -> their names now.
 _RENAMED = {"NoPEConfig": "NopeConfig", "functional": "portable.posswap_functional"}
+_FOUND: dict[str, dict[str, str]] = {}
+
+
+def _configs() -> dict[str, str]:
+    """Each method's config class -> its module, read once from the sources of posswap/methods (no import: a new
+    method is exported by being there): every class there that derives from ``PositionConfig``."""
+    if "configs" not in _FOUND:
+        found = _FOUND.setdefault("configs", {})
+        for path in sorted((Path(__file__).parent / "methods").glob("*.py")):
+            for node in ast.parse(path.read_text(encoding="utf-8")).body:
+                if isinstance(node, ast.ClassDef) and any(
+                    getattr(b, "id", None) == "PositionConfig" for b in node.bases
+                ):
+                    found[node.name] = f"methods.{path.stem}"
+    return _FOUND["configs"]
+
+
+def _where() -> dict[str, str]:
+    """Public name -> its module, read once from this file's ``TYPE_CHECKING`` imports (one list, not two)."""
+    if "names" not in _FOUND:
+        tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+        block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+        _FOUND["names"] = {alias.name: node.module for node in block.body for alias in node.names}
+    return _FOUND["names"]
+
+
+def _public() -> list[str]:
+    return sorted([*_where(), *_configs(), "__version__"], key=lambda n: (not n[0].isupper(), n.lower()))
 
 
 def __getattr__(name: str):
-    where = _WHERE.get(name) or _CONFIGS.get(name)
+    if name == "__all__":  # read on first use (``from posswap import *``, the docs' check), then kept
+        return globals().setdefault("__all__", _public())
+    where = _where().get(name) or (_configs().get(name) if name.endswith("Config") else None)
     if where is not None:
-        if name == "config_from_dict":  # it finds any method by name: every method registered first
-            importlib.import_module(".methods", __name__)
         value = getattr(importlib.import_module(f".{where}", __name__), name)
         globals()[name] = value  # found once: the next use is a plain attribute
         return value
@@ -61,4 +74,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    return sorted({*globals(), *_public()})

@@ -21,7 +21,7 @@ from typing import Any
 from .evaluation.results import Results
 from .portable.posswap_block import migrate_block
 from .portable.posswap_runtime import needs_runtime_code
-from .registry import METHODS
+from .registry import registered
 from .sentence_models import is_sentence_transformer, loading_lines, save, transformer_module
 from .version import __version__
 
@@ -367,7 +367,7 @@ def _loading_section(method: str, name: str, repo: str, block: dict) -> list[str
         "```",
         "",
     ]
-    spec = METHODS.get(method)
+    spec = registered().get(method)
     if spec is not None and spec.export_refusal is not None and spec.export_refusal(block) is None:
         lines += [
             "For serving engines (vLLM, TGI, llama.cpp), `posswap export` writes an exact native copy where one",

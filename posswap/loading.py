@@ -356,13 +356,15 @@ def load_sentence_transformer(name_or_path: str, **kwargs: Any) -> nn.Module | N
     return model
 
 
-def patch_folder(source: str, config: Any, out: str, overwrite: bool = False) -> nn.Module | None:
+def patch_folder(
+    source: str, config: Any, out: str, overwrite: bool = False, allow_shrink: bool = False
+) -> nn.Module | None:
     """``posswap patch`` for a sentence-transformers folder: load, patch and write ``out`` as a
     sentence-transformers folder, atomically. Returns the model; None when ``source`` is not a sentence-transformers
     model."""
     if transformer_folder(source) is None:
         return None
     model = load_sentence_transformer(source, device="cpu")
-    patch(model, config)
+    patch(model, config, allow_shrink=allow_shrink)
     write_folder(out, lambda folder: model.save(str(folder)), overwrite=overwrite, source=source)
     return model

@@ -56,7 +56,7 @@ def test_the_filler_haystack_is_an_option_that_says_what_it_is(monkeypatch, tmp_
 
     monkeypatch.setattr(demo, "evaluate_retrieval", fake_evaluate)
     with pytest.raises(SystemExit):
-        demo.run_demo(steps=0, documents=2, haystack="filler", output_dir=tmp_path / "demo")
+        demo.run_demo(steps=0, documents=2, haystack="filler", out=tmp_path / "demo")
     assert seen == {"haystack": "filler", "baselines": ["chunk-max", "late-chunk-max"], "models": ["stock", "patched"]}
 
 

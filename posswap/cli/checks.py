@@ -21,12 +21,10 @@ def model_length(source: str) -> int | None:
 
 
 def check_no_shrink(source: str, max_length: int, allow_shrink: bool) -> int | None:
-    """A ``--max-length`` below the model's own length loses the positions past it: refused unless asked for.
-    Returns the model's own length (None where posswap does not know the model type)."""
+    """A ``--max-length`` below the model's own length, refused as ``posswap.patch`` refuses it, before the model
+    loads. Returns the model's own length (None where posswap does not know the model type)."""
+    from ..patching import check_no_shrink as refuse_shrink
+
     own = model_length(source)
-    if own is not None and max_length < own and not allow_shrink:
-        raise ValueError(
-            f"--max-length {max_length} is below the {own} tokens this model reads: the patch would shrink it. "
-            f"Give --max-length {own} or more, or add --allow-shrink to shrink it."
-        )
+    refuse_shrink(max_length, own, allow_shrink, ("--max-length", "add --allow-shrink"))
     return own

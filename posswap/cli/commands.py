@@ -33,7 +33,9 @@ def patch_command(args: argparse.Namespace) -> None:
 
     # Both lines say the length as the user gives it (--max-length), not max_position_embeddings: RoBERTa's counts
     # two padding rows more.
-    model = patch_folder(source, config, args.out, args.overwrite)  # None: not a sentence-transformers model
+    model = patch_folder(
+        source, config, args.out, args.overwrite, args.allow_shrink
+    )  # None: not a sentence-transformers model
     if model is not None:
         print(
             f"Patched {args.model} ({type(model).__name__}) with {config.method}: max_length {own} -> "
@@ -41,7 +43,9 @@ def patch_command(args: argparse.Namespace) -> None:
         )
         return
     model, tokenizer = load_model_and_tokenizer(source)
-    patch(model, config, tokenizer=tokenizer)  # checks the memory it needs before allocating
+    patch(
+        model, config, tokenizer=tokenizer, allow_shrink=args.allow_shrink
+    )  # checks the memory it needs before allocating
     save_model_and_tokenizer(model, tokenizer, args.out, overwrite=args.overwrite, source=source)
     print(
         f"Patched {args.model} ({type(model).__name__}) with {config.method}: "
@@ -67,7 +71,7 @@ def demo_command(args: argparse.Namespace) -> None:
         steps=args.steps,
         documents=args.documents,
         task=args.task,
-        output_dir=args.out,
+        out=args.out,
         overwrite=args.overwrite,
         haystack=args.haystack,
         context_documents=args.context_documents,

@@ -1,9 +1,12 @@
-"""What the command line needs to know of the library before it runs anything, written as plain data into
-``cli/facts.py``: each method's options and their help, the renamed config keys, the study's variants, the demo's
-choices. The parsers read that file, so ``posswap --help`` imports neither torch nor transformers;
-``tests/test_cli_fast.py`` fails when it is stale::
+"""Every generated file of posswap, written by one command::
 
     python -m posswap.cli.generate --write
+
+- ``cli/facts.py``: what the command line needs to know of the library before it runs anything, as plain data:
+  each method's options and their help, the renamed config keys, the study's variants, the demo's choices. The
+  parsers read it, so ``posswap --help`` imports neither torch nor transformers (``tests/test_cli_fast.py``).
+- ``portable/posswap_schema.py`` and ``portable/posswap_methods.py``: see ``posswap.schema``
+  (``tests/test_registry.py``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from .. import schema
 from ..portable.posswap_rules import literal
 
 FACTS_FILE = Path(__file__).with_name("facts.py")
@@ -70,12 +74,19 @@ def render() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m posswap.cli.generate", description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help=f"write {FACTS_FILE.name} (default: print it)")
-    text = render()
-    if parser.parse_args(argv).write:
-        FACTS_FILE.write_text(text, encoding="utf-8")
-    else:
-        print(text, end="")
+    parser.add_argument("--write", action="store_true", help="write the files (default: print them)")
+    write = parser.parse_args(argv).write
+    # The run-time imports first: the schema and the facts are read from the methods they register.
+    for path, render_file in (
+        (schema.METHODS_FILE, schema.render_methods),
+        (schema.SCHEMA_FILE, schema.render),
+        (FACTS_FILE, render),
+    ):
+        text = render_file()
+        if write:
+            path.write_text(text, encoding="utf-8")
+        else:
+            print(text, end="")
     return 0
 
 
