@@ -11,6 +11,7 @@ from .config import PositionConfig, config_from_dict
 from .memory import check_patch_fits
 from .portable.modeling_posswap import CONFIG_CLASSES
 from .portable.posswap_architectures import assign_buffers, find_sites, resized_position_buffers
+from .portable.posswap_block import CheckedBlock
 from .portable.posswap_runtime import install_positions, needs_runtime_code
 from .registry import get_method
 from .sentence_models import adopt_patch, is_sentence_transformer, transformer_module
@@ -55,7 +56,7 @@ def patch(
     if tokenizer is not None and not hasattr(tokenizer, "model_max_length"):
         raise TypeError(f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}.")
     spec.check(model, sites, config)
-    check_patch_fits(model, config)  # before any position-sized tensor is allocated
+    check_patch_fits(model, config, sites)  # before any position-sized tensor is allocated
 
     # Everything below changes the model; allocations come first, and any failure puts everything back.
     rows = config.max_length + sites.offset
@@ -66,11 +67,13 @@ def patch(
         assign_buffers(sites.owner, buffers)
         model.config.max_position_embeddings = rows
         block = {**config.to_dict(), "original_length": original_length, "version": __version__}
+        if isinstance(previous, CheckedBlock) and previous.unchanged() and previous == block:
+            block = previous  # a loaded folder patched again as it was saved: its block is checked already
         setattr(model.config, CONFIG_KEY, block)
         if needs_runtime_code(block):
             # Saved, the folder says posswap-<type> and carries the code that runs the method (modeling_posswap).
             model.config.__class__ = CONFIG_CLASSES[sites.arch.model_type]
-        install_positions(model, block)  # run time: what a saved model's own class installs when built
+        install_positions(model, block, sites)  # run time: what a saved model's own class installs when built
         if spec.initialize is not None:
             spec.initialize(model, sites, config, applied)
     if tokenizer is not None:
