@@ -28,6 +28,7 @@ import argparse
 import dataclasses
 import os
 import re
+from html import escape as html_escape
 from html import unescape as html_unescape
 from pathlib import Path
 
@@ -190,8 +191,50 @@ def unbroken_words(html: str) -> str:
     return INLINE_CODE.sub(words, html)
 
 
+TABLE = re.compile(r"<table>.*?</table>", re.DOTALL)
+ROW = re.compile(r"<tr>.*?</tr>", re.DOTALL)
+CELL = re.compile(r"<(t[hd])([^>]*)>(.*?)</\1>", re.DOTALL)
+TAG = re.compile(r"<[^>]+>")
+PROSE_WORDS = 12  # a cell this long is a sentence: its table becomes a list on a phone
+
+
+def stacked_tables(html: str) -> str:
+    """Each table with a cell of prose (an options table's "what it does") wrapped in ``.posswap-stack``, each cell
+    after the first labelled with its column's name (``data-label``): extra.css shows it as a list on a phone."""
+
+    def text(cell: str) -> str:
+        return html_unescape(TAG.sub(" ", cell))
+
+    def stack(match: re.Match) -> str:
+        table = match.group(0)
+        head, _, body = table.partition("</thead>")
+        labels = [text(cell.group(3)).strip() for cell in CELL.finditer(head)]
+        if not body or not any(len(text(c.group(3)).split()) >= PROSE_WORDS for c in CELL.finditer(body)):
+            return table
+
+        def label(row: re.Match) -> str:
+            return _labelled(row.group(0), labels)
+
+        return f'<div class="posswap-stack">{head}</thead>{ROW.sub(label, body)}</div>'
+
+    return TABLE.sub(stack, html)
+
+
+def _labelled(row: str, labels: list[str]) -> str:
+    """``row`` with its cells after the first given ``data-label`` of their column."""
+    count = iter(range(row.count("<td")))
+
+    def cell(match: re.Match) -> str:
+        index = next(count)
+        if index == 0 or index >= len(labels):
+            return match.group(0)
+        return f'<td data-label="{html_escape(labels[index], quote=True)}"'
+
+    return re.sub(r"<td(?=[ >])", cell, row)
+
+
 def on_page_content(html: str, page, config, files) -> str:
-    return unbroken_words(SPHINX_ROLE.sub("", html))
+    return stacked_tables(unbroken_words(SPHINX_ROLE.sub("", html)))
 
 
 def on_files(files, config):
