@@ -5,6 +5,8 @@ result."""
 import ast
 import importlib
 import importlib.util
+import sys
+import types
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -64,13 +66,30 @@ def __getattr__(name: str):
     where = _where().get(name) or (_configs().get(name) if name.endswith("Config") else None)
     if where is not None:
         value = getattr(importlib.import_module(f".{where}", __name__), name)
-        globals()[name] = value  # found once: the next use is a plain attribute
+        if name != "export":  # found once: the next use is a plain attribute (export: the property above)
+            globals()[name] = value
         return value
     if name in _RENAMED:
         raise AttributeError(f"posswap.{name} was renamed posswap.{_RENAMED[name]}; use posswap.{_RENAMED[name]}.")
     if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
         return importlib.import_module(f".{name}", __name__)  # a submodule, as before any was imported
     raise AttributeError(f"module 'posswap' has no attribute {name!r}")
+
+
+class _Package(types.ModuleType):
+    """posswap's module type: ``posswap.export`` stays the function when its module ``posswap/export.py`` is imported
+    (the import system sets a loaded submodule as its package's attribute; this property ignores that)."""
+
+    @property
+    def export(self):
+        return __getattr__("export")
+
+    @export.setter
+    def export(self, value) -> None:
+        pass  # the submodule, bound by the import system: it stays sys.modules["posswap.export"]
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __dir__() -> list[str]:
