@@ -98,33 +98,33 @@ def run_demo(
     steps: int = 12,
     documents: int = 30,
     task: str = "passkey",
-    output_dir: str | Path = "out/demo",
+    out: str | Path = "out/demo",
     overwrite: bool = False,
     haystack: str = "persuasion",
     context_documents: int = CONTEXT_DOCUMENTS,
 ) -> RetrievalResults:
-    """Patch, train, score; print the table and the verdict, and write ``output_dir/results/``: retrieval.json,
+    """Patch, train, score; print the table and the verdict, and write ``out/results/``: retrieval.json,
     its plot, context.json (the context task, unless ``context_documents=0``) and demo.json (timings).
     ``steps=0`` scores the patched model untrained only."""
     check_demo_inputs(steps, documents, task, haystack, context_documents)
-    check_output_dir(Path(output_dir) / "results")  # a file where the results go: one line, before any training
-    output_dir, start = Path(output_dir), time.perf_counter()
+    check_output_dir(Path(out) / "results")  # a file where the results go: one line, before any training
+    out, start = Path(out), time.perf_counter()
     run = {"steps": steps, "documents": documents, "task": task, "haystack": haystack}
     run |= {"context_documents": context_documents, "train_seconds": None, "load_before": _load()}
-    recipe, _ = demo_recipe(max(steps, 1), output_dir / "train")  # checks the recipe before any work
-    name, models = _demo_models(recipe, steps, output_dir / "train", overwrite, run)
+    recipe, _ = demo_recipe(max(steps, 1), out / "train")  # checks the recipe before any work
+    name, models = _demo_models(recipe, steps, out / "train", overwrite, run)
     print(f"Scoring {task} retrieval, the needle in {_haystack_name(haystack)}: {documents} documents per length.")
     results = evaluate_retrieval(models, task, list(DEFAULT_LENGTHS), documents, haystack=haystack, baselines=BASELINES)
-    results.save(output_dir / "results")
-    context = _context(models, name, context_documents, output_dir / "results")
+    results.save(out / "results")
+    context = _context(models, name, context_documents, out / "results")
     run |= {"wall_seconds": round(time.perf_counter() - start, 1), "load_after": _load(), "cpus": os.cpu_count()}
-    (output_dir / "results" / "demo.json").write_text(json.dumps(run, indent=1) + "\n")
+    (out / "results" / "demo.json").write_text(json.dumps(run, indent=1) + "\n")
     print(results.table())
     print(verdict(results, name))
     if context is not None:
         print(context_line(context, name))
     print(
-        f"Wrote {output_dir / 'results'}: retrieval.json, retrieval.png, "
+        f"Wrote {out / 'results'}: retrieval.json, retrieval.png, "
         + ("context.json, " if context is not None else "")
         + f"demo.json (timings). The full recipe: posswap train {DEMO_RECIPE}."
     )

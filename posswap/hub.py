@@ -21,8 +21,8 @@ from typing import Any
 from .evaluation.results import Results
 from .portable.posswap_block import migrate_block
 from .portable.posswap_runtime import needs_runtime_code
-from .registry import METHODS
-from .sentence_models import is_sentence_transformer, loading_lines, save, transformer_module
+from .registry import registered
+from .sentence_models import CardLoader, is_sentence_transformer, loading_lines, save, transformer_module
 from .version import __version__
 
 CARD_MARKER = "<!-- posswap model card -->"  # lets a later push tell its own card from one the user wrote
@@ -333,41 +333,20 @@ def _loading_section(method: str, name: str, repo: str, block: dict) -> list[str
     """How to load it: with posswap; with transformers alone (the folder carries the code, or needs none);
     and, where one is exact, the native export for serving engines."""
     stock = name.removeprefix("Posswap")
-    lines = [
-        "## How to load it",
-        "",
-        "With posswap:",
-        "",
-        "```python",
-        "import posswap",
-        "",
-        f"model = posswap.from_pretrained({repo})",
-        "```",
-        "",
-    ]
-    if not needs_runtime_code(block):  # only the table's size changed: transformers alone rebuilds the same model
-        return lines + [
-            "Only the size of the position table changed, so plain transformers loads it too:",
-            "",
-            "```python",
-            f"from transformers import {stock}",
-            "",
-            f"model = {stock}.from_pretrained({repo})",
-            "```",
-            "",
-        ]
-    lines += [
-        f"Without posswap: this repo carries the code of its {method} positions (`modeling_posswap.py`), so",
-        "transformers loads it with `trust_remote_code=True` (without it, transformers refuses to load it):",
-        "",
-        "```python",
-        "from transformers import AutoModel",
-        "",
-        f"model = AutoModel.from_pretrained({repo}, trust_remote_code=True)  # or AutoModelForCausalLM, ...",
-        "```",
-        "",
-    ]
-    spec = METHODS.get(method)
+    loader = CardLoader(
+        posswap_note="",
+        alone="plain transformers",
+        plain_import=f"from transformers import {stock}",
+        plain_call=stock + ".from_pretrained({repo})",
+        library="transformers",
+        refused="transformers refuses to load it",
+        remote_import="from transformers import AutoModel",
+        remote_call="AutoModel.from_pretrained({repo}, trust_remote_code=True)  # or AutoModelForCausalLM, ...",
+    )
+    lines = loading_lines(block, repo, loader)
+    if not needs_runtime_code(block):
+        return lines
+    spec = registered().get(method)
     if spec is not None and spec.export_refusal is not None and spec.export_refusal(block) is None:
         lines += [
             "For serving engines (vLLM, TGI, llama.cpp), `posswap export` writes an exact native copy where one",

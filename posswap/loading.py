@@ -27,7 +27,7 @@ from .portable.modeling_posswap import (
     PosswapConfigMixin,
     PosswapModelMixin,
 )
-from .portable.posswap_block import check_block, migrate_block, weights_mismatch
+from .portable.posswap_block import CheckedBlock, check_block, migrate_block, weights_mismatch
 from .portable.posswap_runtime import needs_runtime_code
 from .sentence_models import (
     SENTENCE_HUB_KWARGS,
@@ -136,9 +136,9 @@ def load_transformers_model(
     name_or_path = resolve_model_id(name_or_path)
     config = AutoConfig.from_pretrained(name_or_path, **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs})
     block = migrate_block(getattr(config, CONFIG_KEY, None))  # saved by an older posswap: keys renamed since
-    if block is not None:
-        setattr(config, CONFIG_KEY, block)
     check_posswap_block(block, name_or_path, config)  # before any class installs from it
+    if block is not None:  # checked: the model class and the run time do not check it again
+        setattr(config, CONFIG_KEY, block := CheckedBlock(block))
     runtime = isinstance(block, dict) and needs_runtime_code(block)
     if runtime and not isinstance(config, PosswapConfigMixin):  # saved before model_type posswap-<type>
         config.__class__ = CONFIG_CLASSES[config.model_type]
@@ -356,13 +356,15 @@ def load_sentence_transformer(name_or_path: str, **kwargs: Any) -> nn.Module | N
     return model
 
 
-def patch_folder(source: str, config: Any, out: str, overwrite: bool = False) -> nn.Module | None:
+def patch_folder(
+    source: str, config: Any, out: str, overwrite: bool = False, allow_shrink: bool = False
+) -> nn.Module | None:
     """``posswap patch`` for a sentence-transformers folder: load, patch and write ``out`` as a
     sentence-transformers folder, atomically. Returns the model; None when ``source`` is not a sentence-transformers
     model."""
     if transformer_folder(source) is None:
         return None
     model = load_sentence_transformer(source, device="cpu")
-    patch(model, config)
+    patch(model, config, allow_shrink=allow_shrink)
     write_folder(out, lambda folder: model.save(str(folder)), overwrite=overwrite, source=source)
     return model

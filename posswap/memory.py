@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from .config import PositionConfig
-from .portable.posswap_architectures import POSITION_SIZED_BUFFERS, find_sites
+from .portable.posswap_architectures import POSITION_SIZED_BUFFERS, Sites, find_sites
 
 # Resampling holds the old table in fp32, the resized fp32 image and the result at once.
 RESAMPLE_COPIES = 3
@@ -15,11 +15,11 @@ RESAMPLE_COPIES = 3
 HEADROOM = 0.5
 
 
-def patch_bytes(model: nn.Module, config: PositionConfig) -> int:
+def patch_bytes(model: nn.Module, config: PositionConfig, sites: Sites | None = None) -> int:
     """About how many bytes patching ``model`` to ``config`` allocates: the position-sized buffers, a kept
     (``absolute="keep"``) table extended by copy, and what the method itself says it builds per row
-    (``config.bytes_per_row``: a resampled table, a sinusoid)."""
-    sites = find_sites(model)
+    (``config.bytes_per_row``: a resampled table, a sinusoid). ``sites``: the model's, where the caller has them."""
+    sites = sites or find_sites(model)
     rows = config.max_length + sites.offset
     per_row = sum(
         b.element_size() for b in (getattr(sites.owner, n, None) for n in POSITION_SIZED_BUFFERS) if b is not None
@@ -43,12 +43,12 @@ def free_bytes(device: torch.device) -> int:
     return psutil.virtual_memory().available
 
 
-def check_patch_fits(model: nn.Module, config: PositionConfig) -> None:
+def check_patch_fits(model: nn.Module, config: PositionConfig, sites: Sites | None = None) -> None:
     """Raise ``ValueError`` naming max_length when the patch would need more memory than is free."""
     device = next(model.parameters()).device
     if device.type == "meta":
         return
-    needed, free = patch_bytes(model, config), free_bytes(device)
+    needed, free = patch_bytes(model, config, sites), free_bytes(device)
     if needed > free * HEADROOM:
         raise ValueError(
             f"max_length {config.max_length} needs about {needed / 2**30:.1f} GiB for the position table and buffers, "

@@ -11,6 +11,7 @@ from .config import PositionConfig, config_from_dict
 from .memory import check_patch_fits
 from .portable.modeling_posswap import CONFIG_CLASSES
 from .portable.posswap_architectures import assign_buffers, find_sites, resized_position_buffers
+from .portable.posswap_block import CheckedBlock
 from .portable.posswap_runtime import install_positions, needs_runtime_code
 from .registry import get_method
 from .sentence_models import adopt_patch, is_sentence_transformer, transformer_module
@@ -21,7 +22,9 @@ from .version import __version__
 CONFIG_KEY = "posswap"
 
 
-def patch(model: nn.Module, config: PositionConfig | dict[str, Any], tokenizer: Any = None) -> nn.Module:
+def patch(
+    model: nn.Module, config: PositionConfig | dict[str, Any], tokenizer: Any = None, *, allow_shrink: bool = False
+) -> nn.Module:
     """Swap the position handling of ``model`` for ``config``'s method; returns the same model object.
 
     The model keeps its class (``GPT2LMHeadModel`` stays one). Its ``config.max_position_embeddings``
@@ -29,23 +32,21 @@ def patch(model: nn.Module, config: PositionConfig | dict[str, Any], tokenizer: 
     so that ``save_pretrained`` / :func:`posswap.from_pretrained` round-trip. If ``tokenizer`` is given,
     its ``model_max_length`` is set to the new length. On any error the model is left untouched.
 
+    A ``max_length`` below the tokens the model reads now would lose the positions past it: refused unless
+    ``allow_shrink=True`` (as ``posswap patch --allow-shrink``).
+
     A sentence-transformers model (``SentenceTransformer``) is patched through its transformer, and its
     ``max_seq_length`` and tokenizer limit become the new length; it is returned too.
     """
     if is_sentence_transformer(model):  # its transformer, then the length where sentence-transformers reads it
-        patch(transformer_module(model).auto_model, config, tokenizer=tokenizer)  # raises before changing anything
-        adopt_patch(model, getattr(transformer_module(model).auto_model.config, CONFIG_KEY))
+        inner = transformer_module(model).auto_model
+        patch(inner, config, tokenizer=tokenizer, allow_shrink=allow_shrink)  # raises before changing anything
+        adopt_patch(model, getattr(inner.config, CONFIG_KEY))
         return model
-    if isinstance(config, dict):
-        config = config_from_dict(config)
-    if not isinstance(config, PositionConfig):
-        raise TypeError(
-            f"config must be a posswap config (InterpolateConfig, ...) or a dict, got {type(config).__name__}."
-        )
-    config.validate()  # the dataclass may have been edited since it was built
-    config = dataclasses.replace(config)  # methods may record resolved choices (ALiBi's backend) on it: a copy
+    config = _checked_copy(config)
     spec = get_method(config.method)
     sites = find_sites(model)
+    check_no_shrink(config.max_length, sites.max_length, allow_shrink)
     previous = getattr(model.config, CONFIG_KEY, None)
     if previous and previous["method"] != config.method:
         raise ValueError(
@@ -55,7 +56,7 @@ def patch(model: nn.Module, config: PositionConfig | dict[str, Any], tokenizer: 
     if tokenizer is not None and not hasattr(tokenizer, "model_max_length"):
         raise TypeError(f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}.")
     spec.check(model, sites, config)
-    check_patch_fits(model, config)  # before any position-sized tensor is allocated
+    check_patch_fits(model, config, sites)  # before any position-sized tensor is allocated
 
     # Everything below changes the model; allocations come first, and any failure puts everything back.
     rows = config.max_length + sites.offset
@@ -66,11 +67,13 @@ def patch(model: nn.Module, config: PositionConfig | dict[str, Any], tokenizer: 
         assign_buffers(sites.owner, buffers)
         model.config.max_position_embeddings = rows
         block = {**config.to_dict(), "original_length": original_length, "version": __version__}
+        if isinstance(previous, CheckedBlock) and previous.unchanged() and previous == block:
+            block = previous  # a loaded folder patched again as it was saved: its block is checked already
         setattr(model.config, CONFIG_KEY, block)
         if needs_runtime_code(block):
             # Saved, the folder says posswap-<type> and carries the code that runs the method (modeling_posswap).
             model.config.__class__ = CONFIG_CLASSES[sites.arch.model_type]
-        install_positions(model, block)  # run time: what a saved model's own class installs when built
+        install_positions(model, block, sites)  # run time: what a saved model's own class installs when built
         if spec.initialize is not None:
             spec.initialize(model, sites, config, applied)
     if tokenizer is not None:
@@ -84,3 +87,32 @@ def patched_config(model: nn.Module) -> PositionConfig | None:
     if not block:
         return None
     return config_from_dict({k: v for k, v in block.items() if k not in ("original_length", "version")})
+
+
+def _checked_copy(config: PositionConfig | dict[str, Any]) -> PositionConfig:
+    """``config`` (a dict made a config) validated, as a copy: methods may record resolved choices (ALiBi's backend)
+    on it."""
+    if isinstance(config, dict):
+        config = config_from_dict(config)
+    if not isinstance(config, PositionConfig):
+        raise TypeError(
+            f"config must be a posswap config (InterpolateConfig, ...) or a dict, got {type(config).__name__}."
+        )
+    config.validate()  # the dataclass may have been edited since it was built
+    return dataclasses.replace(config)
+
+
+def check_no_shrink(
+    max_length: int,
+    own: int | None,
+    allow_shrink: bool,
+    names: tuple[str, str] = ("max_length", "pass allow_shrink=True"),
+) -> None:
+    """A ``max_length`` below ``own`` (the tokens the model reads now; None: unknown) loses the positions past it:
+    refused unless asked for. ``names``: how the caller spells the length and the permission (the CLI: its flags)."""
+    if own is not None and max_length < own and not allow_shrink:
+        length, allow = names
+        raise ValueError(
+            f"{length} {max_length} is below the {own} tokens this model reads: the patch would shrink it. "
+            f"Give {length} {own} or more, or {allow} to shrink it."
+        )

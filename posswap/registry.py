@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -61,6 +62,16 @@ class MethodSpec:
 
 
 METHODS: dict[str, MethodSpec] = {}
+# posswap's own methods: a package whose import registers each (its modules call register_method). It is found by
+# name on the first look-up, as a plugin is: the registry sits below the methods and never imports them itself.
+BUILT_IN = "posswap.methods"
+
+
+def registered() -> dict[str, MethodSpec]:
+    """Every registered method, posswap's own among them (imported on the first call)."""
+    if BUILT_IN not in sys.modules:
+        importlib.import_module(BUILT_IN)
+    return METHODS
 
 
 def method_schema(config_class: type) -> dict[str, dict]:
@@ -169,11 +180,11 @@ def unregister_method(name: str) -> None:
 
 
 def get_method(name: str | None) -> MethodSpec:
-    if name not in METHODS:
+    if name not in registered():
         raise ValueError(f"Unknown posswap method {name!r}; choose one of: {', '.join(sorted(METHODS))}.")
     return METHODS[name]
 
 
 def study_variants() -> dict[str, tuple[MethodSpec, dict]]:
     """Every method's study variants in registration order: variant name -> (its method, its config keys)."""
-    return {variant: (spec, keys) for spec in METHODS.values() for variant, keys in spec.variants.items()}
+    return {variant: (spec, keys) for spec in registered().values() for variant, keys in spec.variants.items()}

@@ -21,6 +21,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -223,40 +224,53 @@ def save(model: nn.Module, folder: str | os.PathLike, card: bool = True) -> None
         model.save_pretrained(folder)
 
 
-def loading_lines(block: dict, repo: str) -> list[str]:
-    """The model card's "How to load it" for a sentence-transformers model patched as ``block`` says."""
+@dataclass(frozen=True)
+class CardLoader:
+    """How a model card says to load a patched folder: the library, and its import and call (``{repo}`` in a call
+    is the repo id), for a folder it loads alone and for one that carries posswap's code."""
+
+    posswap_note: str  # after "With posswap"
+    alone: str  # what loads a folder whose table only changed size
+    plain_import: str
+    plain_call: str
+    library: str  # what loads a folder that carries posswap's code, with trust_remote_code
+    refused: str  # what happens without trust_remote_code
+    remote_import: str
+    remote_call: str
+
+
+SENTENCE_TRANSFORMERS = CardLoader(
+    posswap_note=" (a `SentenceTransformer`, patched)",
+    alone="sentence-transformers alone",
+    plain_import="from sentence_transformers import SentenceTransformer",
+    plain_call="SentenceTransformer({repo})",
+    library="sentence-transformers",
+    refused="loading is refused",
+    remote_import="from sentence_transformers import SentenceTransformer",
+    remote_call="SentenceTransformer({repo}, trust_remote_code=True)",
+)
+
+
+def loading_lines(block: dict, repo: str, loader: CardLoader = SENTENCE_TRANSFORMERS) -> list[str]:
+    """The model card's "How to load it" for a model patched as ``block`` says: with posswap, then with ``loader``'s
+    library alone (the card text of every patched folder, transformers' or sentence-transformers')."""
+
+    def code(imported: str, call: str) -> list[str]:
+        return ["```python", imported, "", "model = " + call.replace("{repo}", repo), "```", ""]
+
     lines = [
         "## How to load it",
         "",
-        "With posswap (a `SentenceTransformer`, patched):",
+        f"With posswap{loader.posswap_note}:",
         "",
-        "```python",
-        "import posswap",
-        "",
-        f"model = posswap.from_pretrained({repo})",
-        "```",
-        "",
+        *code("import posswap", "posswap.from_pretrained({repo})"),
     ]
-    method = block["method"]
     if not needs_runtime_code(block):
-        return lines + [
-            "Only the size of the position table changed, so sentence-transformers alone loads it too:",
-            "",
-            "```python",
-            "from sentence_transformers import SentenceTransformer",
-            "",
-            f"model = SentenceTransformer({repo})",
-            "```",
-            "",
-        ]
-    return lines + [
-        f"Without posswap: this repo carries the code of its {method} positions (`modeling_posswap.py`), so",
-        "sentence-transformers loads it with `trust_remote_code=True` (without it, loading is refused):",
-        "",
-        "```python",
-        "from sentence_transformers import SentenceTransformer",
-        "",
-        f"model = SentenceTransformer({repo}, trust_remote_code=True)",
-        "```",
+        lines += [f"Only the size of the position table changed, so {loader.alone} loads it too:", ""]
+        return lines + code(loader.plain_import, loader.plain_call)
+    lines += [
+        f"Without posswap: this repo carries the code of its {block['method']} positions (`modeling_posswap.py`), so",
+        f"{loader.library} loads it with `trust_remote_code=True` (without it, {loader.refused}):",
         "",
     ]
+    return lines + code(loader.remote_import, loader.remote_call)

@@ -24,6 +24,9 @@ from hub_server import HubStandIn
 
 import posswap
 from posswap.data import GPT2_TOKENIZER_DIR, read_document
+from posswap.registry import registered
+
+registered()  # posswap's own methods, registered before a test module reads the table at collection
 
 # torch 2.13's CPU inductor miscompiles flex attention once it turns a recompile dynamic (CppCompileError,
 # "cur_qSplitSize7 was not declared"): tests that run flex at several shapes in one process compile each

@@ -354,9 +354,9 @@ def test_debug_shows_the_traceback_before_or_after_the_command(tmp_path, capsys)
 
 
 def test_unexpected_error_is_one_line_with_exit_1(monkeypatch, capsys):
-    import posswap.cli
+    import posswap.cli.commands
 
-    monkeypatch.setattr(posswap.cli, "_cmd_demo", lambda args: {}["bug"])
+    monkeypatch.setattr(posswap.cli.commands, "demo_command", lambda args: {}["bug"])
     assert main(["demo"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "KeyError" in err and "--debug" in err

@@ -204,7 +204,7 @@ def test_a_cached_hub_model_is_found_offline(tmp_path, monkeypatch):
     """A name whose config.json is in the Hub cache passes the check without asking the Hub."""
     import huggingface_hub
 
-    from posswap.model_sources import check_model_found
+    from posswap.cli.model_sources import check_model_found
 
     cache = tmp_path / "hub"
     snapshot = cache / "models--someone--cached" / "snapshots" / ("1" * 40)

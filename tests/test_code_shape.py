@@ -34,6 +34,18 @@ def test_no_function_in_posswap_is_over_60_lines():
     assert not found, f"functions over {MAX_LINES} lines (split them into named steps): {', '.join(found)}"
 
 
+MAX_FILE_LINES = 500  # a module with one job reads in one sitting (issue 46)
+
+
+def test_no_file_in_posswap_is_over_500_lines():
+    long = {
+        str(p.relative_to(ROOT.parent)): n
+        for p in sorted(ROOT.rglob("*.py"))
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_FILE_LINES
+    }
+    assert not long, f"files over {MAX_FILE_LINES} lines (split them by job): {long}"
+
+
 def test_the_length_check_counts_from_def_to_the_end():
     code = "def f():\n" + "    x = 1\n" * 60 + "\n\ndef g():\n    return 1\n"
     assert long_functions({"m.py": ast.parse(code)}) == ["m.py:1 f (61 lines)"]

@@ -11,7 +11,8 @@ import pytest
 from test_bad_inputs import assert_one_line_error
 
 from posswap import demo
-from posswap.cli import DEMO_CONTEXT_DOCUMENTS, DEMO_HAYSTACKS, build_parser, main
+from posswap.cli import build_parser, main
+from posswap.cli.facts import DEMO_CONTEXT_DOCUMENTS, DEMO_HAYSTACKS
 from posswap.evaluation.context_retrieval import ContextResults, ContextRow
 from posswap.evaluation.retrieval import ModelRetrieval, RetrievalResults
 from posswap.training.recipe import load_recipe
@@ -55,7 +56,7 @@ def test_the_filler_haystack_is_an_option_that_says_what_it_is(monkeypatch, tmp_
 
     monkeypatch.setattr(demo, "evaluate_retrieval", fake_evaluate)
     with pytest.raises(SystemExit):
-        demo.run_demo(steps=0, documents=2, haystack="filler", output_dir=tmp_path / "demo")
+        demo.run_demo(steps=0, documents=2, haystack="filler", out=tmp_path / "demo")
     assert seen == {"haystack": "filler", "baselines": ["chunk-max", "late-chunk-max"], "models": ["stock", "patched"]}
 
 

@@ -273,7 +273,8 @@ def test_readme_table_comes_from_the_json(tmp_path, capsys):
     results_file(tmp_path / "trained", {"trained": scored(2048, [0.85, 0.81])}, prints)
     assert tool.main(["--results", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "| 256 | 0.90 ± 0.03 | 0.85 ± 0.04 |" in out and "| 2048 | 0.20 ± 0.04 | 0.81 ± 0.04 |" in out
+    # a row per model, a column per length
+    assert "| minilm-512 | 0.90 ± 0.03 | 0.20 ± 0.04 |" in out and "| trained | 0.85 ± 0.04 | 0.81 ± 0.04 |" in out
     assert "target 0.8: reached" in out
     assert "At 256 tokens, trained: -0.05 against minilm-512 (a fall beyond; minilm-512's standard error 0.03)." in out
     results_file(tmp_path / "other" / "trained", {"trained": scored(2048, [0.9, 0.8])}, {"256": "x", "2048": "b"})
@@ -296,15 +297,17 @@ def test_readme_table_joins_a_recipes_seeds_in_one_column(tmp_path, capsys):
     assert tool.main(["--results", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     # mean 0.90 / 0.60; sample standard deviation sqrt(((0)^2 + 0.1^2 + 0.1^2) / 2) = 0.10 at both lengths
-    assert "| tokens | minilm-512 | run (3 seeds) |" in out
-    assert "| 256 | 0.90 ± 0.03 | 0.90 ± 0.10 |" in out and "| 2048 | 0.20 ± 0.04 | 0.60 ± 0.10 |" in out
+    assert "| model \\ tokens | 256 | 2048 |" in out
+    assert (
+        "| minilm-512 | 0.90 ± 0.03 | 0.20 ± 0.04 |" in out and "| run (3 seeds) | 0.90 ± 0.10 | 0.60 ± 0.10 |" in out
+    )
     assert "its lowest seed -0.10 (a fall beyond)" in out and "run-seed1" not in out
     # runs named -seed0, -seed1 (no plain name) join too; two files naming the same model are refused
     results_file(tmp_path / "b" / "untrained" / "passkey", {"minilm-512": scored(512, [0.9, 0.2])}, prints)
     results_file(tmp_path / "b" / "trained", {"x-seed0": scored(2048, [0.9, 0.7])}, prints)
     results_file(tmp_path / "b" / "trained-seed1", {"x-seed1": scored(2048, [0.7, 0.5])}, prints)
     assert tool.main(["--results", str(tmp_path / "b")]) == 0
-    assert "| 256 | 0.90 ± 0.03 | 0.80 ± 0.14 |" in capsys.readouterr().out
+    assert "| x (2 seeds) | 0.80 ± 0.14 | 0.60 ± 0.14 |" in capsys.readouterr().out
     results_file(tmp_path / "b" / "trained-seed2", {"x-seed1": scored(2048, [0.5, 0.5])}, prints)
     with pytest.raises(SystemExit, match="both name a model 'x-seed1'"):
         tool.main(["--results", str(tmp_path / "b")])
@@ -337,9 +340,14 @@ def test_the_chunking_verdict_prefers_fewer_vectors_within_one_standard_error(tm
     results_file(tmp_path / "baselines" / "passkey", baselines, prints)
     results_file(tmp_path / "late-chunks" / "passkey", long, prints)
     lines = tool.chunking_block(tmp_path, "passkey")
-    assert lines[0] == (
-        "| tokens | minilm | minilm chunk-mean@256 | minilm chunk-max@256 | long | long late-chunk-max@256 |"
-    )
+    assert lines[0] == "| model \\ tokens | 256 | 2048 |"
+    assert [line.split(" |")[0] for line in lines[2:7]] == [
+        "| minilm",
+        "| minilm chunk-mean@256",
+        "| minilm chunk-max@256",
+        "| long",
+        "| long late-chunk-max@256",
+    ]
     # 256: late chunks lead (0.90) by more than their standard error (0.03); 2048: the stock model's chunks.
     assert lines[-1].endswith(
         "256: late chunks (long late-chunk-max@256, 0.90); 2048: chunks (minilm chunk-max@256, 0.77)."

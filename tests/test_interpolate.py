@@ -86,10 +86,25 @@ def test_roberta_padding_rows_are_kept_and_padding_still_works():
     torch.testing.assert_close(batched, alone, atol=1e-5, rtol=1e-5)
 
 
-def test_shrinking_is_allowed_and_said(caplog):
+def test_shrinking_is_refused_unless_asked_as_on_the_command_line():
+    model = make_model("bert", "BertModel")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for method in ("interpolate", "rope", "alibi"):
+        with pytest.raises(ValueError) as refused:
+            posswap.patch(model, {"method": method, "max_length": OLD_LENGTH // 2})
+        assert str(refused.value) == (
+            f"max_length {OLD_LENGTH // 2} is below the {OLD_LENGTH} tokens this model reads: the patch would shrink "
+            f"it. Give max_length {OLD_LENGTH} or more, or pass allow_shrink=True to shrink it."
+        )
+    assert model.config.max_position_embeddings == OLD_LENGTH and not hasattr(model.config, "posswap")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    posswap.patch(model, posswap.InterpolateConfig(max_length=OLD_LENGTH))  # the same length is no shrink
+
+
+def test_shrinking_is_allowed_when_asked_and_said(caplog):
     model = make_model("bert", "BertModel")
     with caplog.at_level(logging.WARNING, logger="posswap"):
-        posswap.patch(model, posswap.InterpolateConfig(max_length=OLD_LENGTH // 2, mode="copy"))
+        posswap.patch(model, posswap.InterpolateConfig(max_length=OLD_LENGTH // 2, mode="copy"), allow_shrink=True)
     assert "Shrinking" in caplog.text
     assert model.config.max_position_embeddings == OLD_LENGTH // 2
     outputs(model, token_ids(OLD_LENGTH // 2))

@@ -20,7 +20,7 @@ from conftest import OLD_LENGTH, make_model, outputs, run_without_posswap, sharp
 from safetensors.torch import load_file, save_file
 
 import posswap
-from posswap.absolute import replace_table_weight
+from posswap.methods.absolute import replace_table_weight
 from posswap.portable import posswap_registry
 from posswap.portable.posswap_functional import resample_positions
 from posswap.portable.posswap_interpolate import learned_map

@@ -66,6 +66,9 @@ def test_the_portable_schema_is_generated_from_the_config_classes():
     assert schema.SCHEMA_FILE.read_text(encoding="utf-8") == schema.render(), (
         f"posswap/portable/posswap_schema.py is stale: run {schema.COMMAND}"
     )
+    assert schema.METHODS_FILE.read_text(encoding="utf-8") == schema.render_methods(), (
+        f"posswap/portable/posswap_methods.py is stale: run {schema.COMMAND}"
+    )
     assert posswap_registry.SCHEMAS["t5-bias"]["num_buckets"] == {
         "kind": "integer",
         "minimum": 4,

@@ -6,9 +6,11 @@
 Each page is loaded with tools/docs_layout_probe.js added (in a copy beside it, so its links and assets resolve)
 and ``chromium --dump-dom`` prints what the probe measured. A problem is: something in the article that sticks out
 of it with no scroll bar to reach it (clipped by an ``overflow: hidden`` box, or spilling over the sidebar or past
-the screen), a page that scrolls sideways, or inline code of one word (an option name, a path) broken across two
-lines. Code blocks and tables wider than the column are fine when they scroll: their count is printed. Needs
-Chromium (Debian: ``apt-get install chromium``) and about a minute; it is a tool, not part of the test suite.
+the screen), a page that scrolls sideways, inline code of one word (an option name, a path) broken across two
+lines, a table cell squeezed too narrow to read, code under a code block's copy button, or a table wider than the
+column (on a desktop at all; on a phone by more than 1.8x: split or transpose it). Code blocks and tables a little
+wider than a phone's column are fine when they scroll: their count is printed. Needs
+Chromium (Debian: ``apt-get install chromium``) and a few minutes; ``.ci/run`` runs it where Chromium is installed.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBE = ROOT / "tools" / "docs_layout_probe.js"
 REPORT = re.compile(r'<pre id="posswap-layout">(.*?)</pre>', re.DOTALL)
 WIDTHS = (1280, 390)
+PHONE = 600  # px: a narrower screen is a phone's
+# How much wider than the column a table may be, on a phone and on a desktop: on a phone a table may scroll for a
+# column or two; on a desktop every table fits.
+WIDE_TABLE = {True: 1.0, False: 1.8}
 
 
 def pages(site: Path) -> list[Path]:
@@ -72,6 +78,14 @@ def problems(report: dict) -> list[str]:
     lines += [f"clipped, no scroll bar: {what}" for what in report["clipped"]]
     lines += [f"sticks out of the column: {what}" for what in report["spills"]]
     lines += [f"one word broken across lines: {word}" for word in report["broken_words"]]
+    lines += [f"a column too narrow to read: {cell}" for cell in report["narrow_cells"]]
+    lines += [f"code under the copy button: {code}" for code in report["code_under_button"]]
+    limit = WIDE_TABLE[report["width"] > PHONE]
+    lines += [
+        f"a table {t['ratio']}x the column's width (at most {limit}x: split or transpose it): {t['table']}"
+        for t in report["wide_tables"]
+        if t["ratio"] > limit
+    ]
     return lines
 
 

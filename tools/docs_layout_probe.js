@@ -1,6 +1,7 @@
 // Measures one page of the built site after it has laid out (tools/check_docs_layout.py adds it to a copy of the
 // page): what sticks out of the article without a scroll bar to reach it, whether the page scrolls sideways, and
-// which inline code that is one word (an option name, a path) is broken across lines. The findings go into the DOM
+// which inline code that is one word (an option name, a path) is broken across lines, which tables are wider
+// than the column, which table cells are too narrow to read, and which code lies under its copy button. The findings go into the DOM
 // as JSON, which `chromium --dump-dom` prints.
 window.addEventListener("load", () =>
   setTimeout(() => {
@@ -39,6 +40,43 @@ window.addEventListener("load", () =>
       const overflow = getComputedStyle(element).overflowX;
       if ((overflow === "auto" || overflow === "scroll") && element.scrollWidth > element.clientWidth + 1) scrolling++;
     }
+    // Tables wider than the column, and by how much (a scroll bar for one more column is fine; half a table
+    // off-screen is not), and cells squeezed too narrow to read (a sentence a few words a line).
+    const wide = [];
+    for (const table of article.querySelectorAll("table")) {
+      const ratio = table.scrollWidth / Math.min(edge - article.getBoundingClientRect().left, window.innerWidth);
+      if (ratio > 1.01) wide.push({ table: name(table.querySelector("tr") || table), ratio: +ratio.toFixed(2) });
+    }
+    const narrow = [];
+    for (const cell of article.querySelectorAll("td")) {
+      const box = cell.getBoundingClientRect();
+      const words = cell.textContent.trim().split(/\s+/).length;
+      if (words >= 8 && box.width < 110) narrow.push(name(cell) + ` (${Math.round(box.width)} px)`);
+    }
+    // Code under a copy button: a line of a code block whose text reaches into the button's box.
+    const covered = [];
+    for (const pre of article.querySelectorAll("pre")) {
+      const button = pre.querySelector(".md-code__button, .md-clipboard"); // material 9.6+, and before
+      const code = pre.querySelector("code");
+      if (!button || !code) continue;
+      const b = button.getBoundingClientRect();
+      const under = (r) => r.width > 0 && r.right > b.left && r.left < b.right && r.bottom > b.top && r.top < b.bottom;
+      // Word by word: the blank a wrapped line leaves (pre-wrap keeps its spaces) is not code under the button.
+      const walker = document.createTreeWalker(code, NodeFilter.SHOW_TEXT);
+      const range = document.createRange();
+      let hidden = false;
+      for (let node = walker.nextNode(); node && !hidden; node = walker.nextNode()) {
+        for (const word of node.textContent.matchAll(/\S+/g)) {
+          range.setStart(node, word.index);
+          range.setEnd(node, word.index + word[0].length);
+          if ([...range.getClientRects()].some(under)) {
+            hidden = true;
+            break;
+          }
+        }
+      }
+      if (hidden) covered.push(name(code));
+    }
     const report = document.createElement("pre");
     report.id = "posswap-layout";
     report.textContent = JSON.stringify({
@@ -48,6 +86,9 @@ window.addEventListener("load", () =>
       spills: [...new Set(spills)].slice(0, 10),
       broken_words: [...new Set(broken)],
       scroll_boxes: scrolling,
+      wide_tables: wide.slice(0, 10),
+      narrow_cells: [...new Set(narrow)].slice(0, 10),
+      code_under_button: [...new Set(covered)].slice(0, 10),
     });
     document.body.appendChild(report);
   }, 500),

@@ -3,7 +3,11 @@ it cannot go stale.
 
 - ``<!-- posswap:options RopeConfig -->`` becomes the options table of that config dataclass, from its fields' ``help``
   metadata (the text ``posswap patch --help`` prints); a dotted path names a dataclass elsewhere in posswap.
-- ``<!-- posswap:cli patch -->`` becomes ``posswap patch --help`` (``<!-- posswap:cli -->``: ``posswap --help``).
+- ``<!-- posswap:cli patch -->`` becomes ``posswap patch --help`` (``<!-- posswap:cli -->``: ``posswap --help``);
+  ``<!-- posswap:usage -->`` becomes every command's usage line, so the page's synopsis is the parser's.
+- ``<!-- posswap:method-configs -->`` becomes each method's config, its docstring and its options table (the API
+  reference); the Methods section of the nav gets a page per ``docs/methods/<name>.md``: a new method is on the site
+  by having its module and its page.
 - ``<!-- posswap:include CONTRIBUTING.md -->`` becomes that file of the repository root, its links into ``docs/``
   made relative to the site (and its links to CHANGELOG.md to that file's page), so the file GitHub shows and the
   site's page are one text.
@@ -24,6 +28,7 @@ import argparse
 import dataclasses
 import os
 import re
+from html import escape as html_escape
 from html import unescape as html_unescape
 from pathlib import Path
 
@@ -36,7 +41,9 @@ INLINE_CODE = re.compile(r"(?<!<pre>)(?<!</span>)<code>([^<\n]*)</code>")
 WORD = re.compile(r"\S+")
 KEPT_WORD = 30  # characters: longer words may have to break on a phone
 CODE_SPAN = re.compile(r"(`+)(.+?)\1")
-MARKER = re.compile(r"^<!-- posswap:(options|cli|include)(?: ([\w.-]+))? -->$", re.MULTILINE)  # alone on a line
+MARKER = re.compile(r"^<!-- posswap:(options|cli|usage|include)(?: ([\w.-]+))? -->$", re.MULTILINE)  # alone on a line
+METHOD_CONFIGS = "<!-- posswap:method-configs -->"
+METHODS_SECTION = "Methods"  # the nav section the method pages are added to
 
 
 def options_table(name: str) -> str:
@@ -67,26 +74,42 @@ def options_table(name: str) -> str:
     return "\n".join(rows)
 
 
-def cli_help(command: str | None) -> str:
-    """``posswap [COMMAND] --help`` as argparse prints it, at a fixed width so the page does not depend on a terminal."""
+def command_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Command name -> its parser, as ``posswap`` builds them ("" -> the top-level parser)."""
     from posswap.cli import build_parser
 
     parser = build_parser()
-    if command is not None:
-        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        if command not in commands.choices:
-            raise ValueError(f"posswap:cli {command}: posswap has no such command ({', '.join(commands.choices)}).")
-        parser = commands.choices[command]
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {"": parser, **commands.choices}
+
+
+def formatted(format_text) -> str:
+    """``format_text()`` of an argparse parser at a fixed width, so the page does not depend on a terminal."""
     previous = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = "110"  # argparse reads the width when it formats; put back for the rest of mkdocs
     try:
-        text = parser.format_help().rstrip()
+        return format_text().rstrip()
     finally:
         if previous is None:
             del os.environ["COLUMNS"]
         else:
             os.environ["COLUMNS"] = previous
-    return "```text\n" + text + "\n```"
+
+
+def cli_help(command: str | None) -> str:
+    """``posswap [COMMAND] --help`` as argparse prints it."""
+    parsers = command_parsers()
+    if (command or "") not in parsers:
+        raise ValueError(f"posswap:cli {command}: posswap has no such command ({', '.join(list(parsers)[1:])}).")
+    return "```text\n" + formatted(parsers[command or ""].format_help) + "\n```"
+
+
+def cli_usage(_: str | None = None) -> str:
+    """Every command's usage line, as its ``--help`` starts: the page's synopsis, never typed by hand."""
+    usages = [formatted(parser.format_usage) for name, parser in command_parsers().items() if name]
+    indent = " " * len("usage: ")  # argparse aligns the lines that follow under the command: moved with it
+    lines = [line.removeprefix("usage: ").removeprefix(indent) for usage in usages for line in usage.split("\n")]
+    return "```text\n" + "\n".join(lines) + "\n```"
 
 
 # The files of the repository root that are pages of the site too (the page holds only their include marker).
@@ -115,10 +138,41 @@ def unescape_table_code(markdown: str) -> str:
     return "\n".join(CODE_SPAN.sub(code, line) if line.lstrip().startswith("|") else line for line in lines)
 
 
+def method_configs() -> str:
+    """``::: posswap.methods.<name>.<Config>`` and its options marker for each method's config, in the methods'
+    order."""
+    from posswap.registry import registered
+
+    # The module path: ``posswap.<Config>`` is imported on first use, which the reference's static reader cannot see.
+    classes = [spec.config_class for spec in registered().values() if spec.runtime_module is None]
+    return "\n\n".join(f"::: {c.__module__}.{c.__name__}\n\n<!-- posswap:options {c.__name__} -->" for c in classes)
+
+
+def method_pages(docs: Path = ROOT / "docs") -> list[dict[str, str]]:
+    """The nav entries of the method pages: ``{name: methods/<name>.md}`` for each page but the index, in the
+    methods' order (any other page after them)."""
+    from posswap.registry import registered
+
+    order = list(registered())
+    pages = [p.stem for p in (docs / "methods").glob("*.md") if p.stem != "index"]
+    pages.sort(key=lambda name: (order.index(name) if name in order else len(order), name))
+    return [{name: f"methods/{name}.md"} for name in pages]
+
+
+def on_config(config):
+    section = next(item for item in config["nav"] if isinstance(item, dict) and METHODS_SECTION in item)
+    listed = {path for entry in section[METHODS_SECTION] for path in entry.values()}
+    section[METHODS_SECTION] += [page for page in method_pages() if next(iter(page.values())) not in listed]
+    return config
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
+    if METHOD_CONFIGS in markdown:  # before the options markers it writes are filled
+        markdown = markdown.replace(METHOD_CONFIGS, method_configs())
+
     def fill(match: re.Match) -> str:
         kind, name = match.groups()
-        return {"options": options_table, "cli": cli_help, "include": include}[kind](name)
+        return {"options": options_table, "cli": cli_help, "usage": cli_usage, "include": include}[kind](name)
 
     return unescape_table_code(MARKER.sub(fill, markdown))
 
@@ -137,8 +191,50 @@ def unbroken_words(html: str) -> str:
     return INLINE_CODE.sub(words, html)
 
 
+TABLE = re.compile(r"<table>.*?</table>", re.DOTALL)
+ROW = re.compile(r"<tr>.*?</tr>", re.DOTALL)
+CELL = re.compile(r"<(t[hd])([^>]*)>(.*?)</\1>", re.DOTALL)
+TAG = re.compile(r"<[^>]+>")
+PROSE_WORDS = 12  # a cell this long is a sentence: its table becomes a list on a phone
+
+
+def stacked_tables(html: str) -> str:
+    """Each table with a cell of prose (an options table's "what it does") wrapped in ``.posswap-stack``, each cell
+    after the first labelled with its column's name (``data-label``): extra.css shows it as a list on a phone."""
+
+    def text(cell: str) -> str:
+        return html_unescape(TAG.sub(" ", cell))
+
+    def stack(match: re.Match) -> str:
+        table = match.group(0)
+        head, _, body = table.partition("</thead>")
+        labels = [text(cell.group(3)).strip() for cell in CELL.finditer(head)]
+        if not body or not any(len(text(c.group(3)).split()) >= PROSE_WORDS for c in CELL.finditer(body)):
+            return table
+
+        def label(row: re.Match) -> str:
+            return _labelled(row.group(0), labels)
+
+        return f'<div class="posswap-stack">{head}</thead>{ROW.sub(label, body)}</div>'
+
+    return TABLE.sub(stack, html)
+
+
+def _labelled(row: str, labels: list[str]) -> str:
+    """``row`` with its cells after the first given ``data-label`` of their column."""
+    count = iter(range(row.count("<td")))
+
+    def cell(match: re.Match) -> str:
+        index = next(count)
+        if index == 0 or index >= len(labels):
+            return match.group(0)
+        return f'<td data-label="{html_escape(labels[index], quote=True)}"'
+
+    return re.sub(r"<td(?=[ >])", cell, row)
+
+
 def on_page_content(html: str, page, config, files) -> str:
-    return unbroken_words(SPHINX_ROLE.sub("", html))
+    return stacked_tables(unbroken_words(SPHINX_ROLE.sub("", html)))
 
 
 def on_files(files, config):

@@ -117,11 +117,13 @@ def seed_groups(results: dict) -> dict:
 
 
 def table(results: dict) -> list[str]:
-    names = list(results["models"])
-    lines = ["| tokens | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-    for i, length in enumerate(results["lengths"]):
-        cells = [f"{m['accuracy'][i]:.2f} ± {m['stderr'][i]:.2f}" for m in results["models"].values()]
-        lines.append(f"| {length} | " + " | ".join(cells) + " |")
+    """A row per model, a column per length: twenty runs are twenty rows, never twenty columns a screen cannot
+    show (tools/check_docs_layout.py)."""
+    lengths = results["lengths"]
+    lines = ["| model \\ tokens | " + " | ".join(map(str, lengths)) + " |", "|---|" + "---|" * len(lengths)]
+    for name, m in results["models"].items():
+        cells = [f"{m['accuracy'][i]:.2f} ± {m['stderr'][i]:.2f}" for i in range(len(lengths))]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -332,7 +334,7 @@ def caption(results: dict, more: str = "") -> str:
             f"{results['task']} retrieval, accuracy at 1 ± standard error, {results['documents']} documents per "
             f"length (chance {1 / results['documents']:.2f}), seed {results['seed']}.",
             more,
-            "A column of n seeds: mean ± standard deviation over n trainings of the recipe with different seeds."
+            "A row of n seeds: mean ± standard deviation over n trainings of the recipe with different seeds."
             if seeds
             else "",
         )

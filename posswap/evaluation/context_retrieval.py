@@ -296,31 +296,3 @@ def _settings(tasks: list[ContextTask]) -> dict:
             for t in tasks
         },
     }
-
-
-def run_context_command(args) -> None:
-    """``posswap eval MODEL ... --task context-retrieval``: every MODEL as a sentence-transformers model, the task
-    at ``--lengths``, context.json in ``--out``, the tables printed."""
-    from ..files import check_output_dir
-    from ..loading import resolve_model_id
-    from ..model_sources import check_model_found
-    from .retrieval import load_embedding_model, short_model_names
-    from .stream import resolve_device
-
-    lengths = args.lengths or list(DEFAULT_CONTEXT_LENGTHS)
-    chunk_tokens = DEFAULT_CHUNK_TOKENS if args.chunk_tokens is None else args.chunk_tokens
-    check_context_inputs(lengths, args.documents, chunk_tokens, args.batch_size)  # before any model loads
-    if args.haystack is not None:
-        raise ValueError("--haystack: the context task reads its own two held-out haystacks; leave it out.")
-    check_output_dir(args.out)
-    for source in args.models:
-        check_model_found(resolve_model_id(source))
-    device = resolve_device(args.device)
-    models = {name: load_embedding_model(source, device) for name, source in short_model_names(args.models).items()}
-    results = evaluate_context(
-        models, lengths, args.documents, args.seed, chunk_tokens, args.batch_size, args.baselines or None
-    )
-    results.save(args.out)
-    for metric in ("accuracy", "fact_accuracy"):
-        print(results.table(metric), end="\n\n")
-    print(f"Wrote {Path(args.out) / 'context.json'}.")

@@ -408,42 +408,6 @@ def _by_bucket(hits: list[float], buckets: list[int], count: int) -> list[float 
     return [s / n if n else None for s, n in zip(sums, sizes)]  # None: no document in that bucket
 
 
-def run_retrieval_command(args) -> None:
-    """``posswap eval MODEL ... --task passkey-retrieval|needle-retrieval``: load each MODEL as a
-    sentence-transformers model, evaluate, write retrieval.json and retrieval.png to ``--out``, print the table."""
-    from ..files import check_output_dir
-    from ..loading import resolve_model_id
-    from ..model_sources import check_model_found
-    from .stream import resolve_device
-
-    task = CLI_TASKS[args.task]
-    lengths = args.lengths or list(DEFAULT_LENGTHS)  # ints: the parser's list flag checked them
-    documents, batch_size = args.documents, args.batch_size  # as given: a 0 is refused below, never replaced
-    baselines = args.baselines or []
-    check_retrieval_inputs(task, lengths, documents, batch_size, args.haystack)  # before any model loads
-    check_baseline_names(baselines)
-    check_output_dir(args.out)
-    for source in args.models:  # a bare name found nowhere is one line, before any model loads
-        check_model_found(resolve_model_id(source))
-    device = resolve_device(args.device)
-    models = {name: load_embedding_model(source, device) for name, source in short_model_names(args.models).items()}
-    check_lengths_read(models, baselines, lengths, "--lengths")  # the models' limits known: before any text
-    results = evaluate_retrieval(
-        models,
-        task,
-        lengths,
-        documents,
-        seed=args.seed,
-        batch_size=batch_size,
-        tokenizer=args.tokenizer,
-        haystack=args.haystack,
-        baselines=baselines,
-    )
-    results.save(args.out)
-    print(results.table())
-    print(f"Wrote {Path(args.out) / 'retrieval.json'} and retrieval.png.")
-
-
 def load_embedding_model(name_or_path: str, device: str | None = None):
     """A sentence-transformers model by Hub id, folder or ``posswap:minilm`` (patched ones through
     :func:`posswap.from_pretrained`); a checkpoint that is not a sentence-transformers model is refused."""

@@ -8,14 +8,13 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ..absolute import ABSOLUTE_HELP, check_absolute, keep_table, planned_table_weight
-from ..backends import BACKEND_HELP, check_bias_backend, resolve_bias_backend
 from ..config import PositionConfig
 from ..portable.posswap_architectures import Sites
-from ..portable.posswap_attention import BACKENDS, bias_map
-from ..portable.posswap_rules import boolean, choice
-from ..portable.posswap_tables import ABSOLUTE_CHOICES
+from ..portable.posswap_attention import bias_map
+from ..portable.posswap_rules import boolean
 from ..registry import register_method
+from .absolute import absolute_field, check_absolute, keep_table, planned_table_weight
+from .backends import backend_field, check_bias_backend, resolve_bias_backend
 
 
 @dataclass
@@ -29,20 +28,8 @@ class AlibiConfig(PositionConfig):
             "rule": boolean(optional=True),
         },
     )
-    absolute: str = field(
-        default="drop",
-        metadata={
-            "help": ABSOLUTE_HELP,
-            "rule": choice(*ABSOLUTE_CHOICES),
-        },
-    )
-    backend: str | None = field(
-        default=None,
-        metadata={
-            "help": BACKEND_HELP,
-            "rule": choice(*BACKENDS, optional=True),
-        },
-    )
+    absolute: str = absolute_field()
+    backend: str | None = backend_field()
 
 
 def check(model: nn.Module, sites: Sites, config: AlibiConfig) -> None:

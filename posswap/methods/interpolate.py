@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..absolute import replace_table_weight
 from ..config import PositionConfig
 from ..memory import resampled_table_bytes_per_row
 from ..portable.posswap_architectures import Sites
@@ -17,6 +16,7 @@ from ..portable.posswap_interpolate import learned_map
 from ..portable.posswap_rules import check as check_rule
 from ..portable.posswap_rules import choice
 from ..registry import register_method
+from .absolute import replace_table_weight
 
 logger = logging.getLogger("posswap")
 

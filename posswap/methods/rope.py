@@ -11,17 +11,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..absolute import ABSOLUTE_HELP, check_absolute, keep_table, planned_table_weight
-from ..backends import BACKEND_HELP, check_backend
 from ..config import PositionConfig
 from ..portable.posswap_architectures import Sites
-from ..portable.posswap_attention import BACKENDS
 from ..portable.posswap_rope import rotary_map
 from ..portable.posswap_rotary import ROPE_INITS, ROPE_TYPES, resolve_rotary_dim
 from ..portable.posswap_rules import check as check_rule
 from ..portable.posswap_rules import choice, number
-from ..portable.posswap_tables import ABSOLUTE_CHOICES
 from ..registry import register_method
+from .absolute import absolute_field, check_absolute, keep_table, planned_table_weight
+from .backends import backend_field, check_backend
 from .rope_fit import fit_rotary_biases
 from .table_logits import original_rows
 
@@ -59,20 +57,8 @@ class RopeConfig(PositionConfig):
             "rule": number(minimum=1, optional=True),
         },
     )
-    absolute: str = field(
-        default="drop",
-        metadata={
-            "help": ABSOLUTE_HELP,
-            "rule": choice(*ABSOLUTE_CHOICES),
-        },
-    )
-    backend: str | None = field(
-        default=None,
-        metadata={
-            "help": BACKEND_HELP,
-            "rule": choice(*BACKENDS, optional=True),
-        },
-    )
+    absolute: str = absolute_field()
+    backend: str | None = backend_field()
     init: str | None = field(
         default=None,
         metadata={

@@ -22,8 +22,8 @@ import math
 import torch
 from torch import nn
 
-from ..architectures import first_layer_qk_biases
 from ..portable.posswap_architectures import Sites
+from .architectures import first_layer_qk_biases
 from .table_logits import first_layer_position_scores
 
 RIDGE = 1e-3  # of the mean diagonal of the normal equations: keeps near-collinear frequencies' amplitudes small

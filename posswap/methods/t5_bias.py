@@ -20,16 +20,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..absolute import ABSOLUTE_HELP, check_absolute, keep_table, planned_table_weight
-from ..backends import BACKEND_HELP, check_bias_backend, resolve_bias_backend
 from ..config import PositionConfig
 from ..portable.posswap_architectures import Sites
-from ..portable.posswap_attention import BACKENDS, bias_map
+from ..portable.posswap_attention import bias_map
 from ..portable.posswap_rules import boolean, choice, integer
 from ..portable.posswap_rules import check as check_rule
 from ..portable.posswap_t5 import INITS, t5_buckets
-from ..portable.posswap_tables import ABSOLUTE_CHOICES
 from ..registry import register_method
+from .absolute import absolute_field, check_absolute, keep_table, planned_table_weight
+from .backends import backend_field, check_bias_backend, resolve_bias_backend
 from .table_logits import first_layer_position_scores, original_rows
 
 
@@ -59,13 +58,7 @@ class T5BiasConfig(PositionConfig):
             "rule": boolean(),
         },
     )
-    absolute: str = field(
-        default="drop",
-        metadata={
-            "help": ABSOLUTE_HELP,
-            "rule": choice(*ABSOLUTE_CHOICES),
-        },
-    )
+    absolute: str = absolute_field()
     init: str = field(
         default="zeros",
         metadata={
@@ -74,13 +67,7 @@ class T5BiasConfig(PositionConfig):
             "rule": choice(*INITS),
         },
     )
-    backend: str | None = field(
-        default=None,
-        metadata={
-            "help": BACKEND_HELP,
-            "rule": choice(*BACKENDS, optional=True),
-        },
-    )
+    backend: str | None = backend_field()
 
 
 def check(model: nn.Module, sites: Sites, config: T5BiasConfig) -> None:

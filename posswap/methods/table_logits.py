@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..architectures import embedding_projection, first_layer_qk
 from ..portable.posswap_architectures import Sites
+from .architectures import embedding_projection, first_layer_qk
 
 
 def original_rows(model: nn.Module, sites: Sites) -> torch.Tensor:

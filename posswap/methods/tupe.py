@@ -14,16 +14,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..architectures import embedding_projection, first_layer_qk
-from ..backends import BACKEND_HELP, check_bias_backend, resolve_bias_backend
 from ..config import PositionConfig
 from ..memory import resampled_table_bytes_per_row
 from ..portable.posswap_architectures import Sites
-from ..portable.posswap_attention import BACKENDS
 from ..portable.posswap_functional import RESAMPLE_MODES
 from ..portable.posswap_rules import boolean, choice
 from ..portable.posswap_tupe import tupe_map
 from ..registry import register_method
+from .architectures import embedding_projection, first_layer_qk
+from .backends import backend_field, check_bias_backend, resolve_bias_backend
 from .interpolate import resized_table_weight
 
 
@@ -53,13 +52,7 @@ class TupeConfig(PositionConfig):
             "rule": choice(*RESAMPLE_MODES),
         },
     )
-    backend: str | None = field(
-        default=None,
-        metadata={
-            "help": BACKEND_HELP,
-            "rule": choice(*BACKENDS, optional=True),
-        },
-    )
+    backend: str | None = backend_field()
 
     def bytes_per_row(self, sites: Sites) -> int:
         return resampled_table_bytes_per_row(sites)  # the table resized to max_length

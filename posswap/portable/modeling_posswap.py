@@ -21,7 +21,7 @@ from transformers.models.auto import modeling_auto
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
 
 from .posswap_architectures import ARCHITECTURES
-from .posswap_block import check_block, describe, migrate_block, weights_mismatch
+from .posswap_block import checked_block, describe, weights_mismatch
 from .posswap_carry import carry_method
 from .posswap_runtime import install_positions, needs_runtime_code
 from .posswap_state import forward_through_hooks
@@ -85,15 +85,15 @@ class PosswapModelMixin:
 
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
-        block = getattr(config, "posswap", None)
-        # A method this code does not know is named (not "a plain interpolate"); old keys are renamed first.
-        check_block(migrate_block(block), describe(config))
+        # A method this code does not know is named (not "a plain interpolate"); old keys are renamed first. Checked
+        # once: install_positions and a loader that checked it already do not check it again.
+        block = config.posswap = checked_block(getattr(config, "posswap", None), describe(config), config)
         if not isinstance(block, dict) or not needs_runtime_code(block):
             raise ValueError(
                 f"{type(self).__name__} needs a config with a posswap block of a method that runs code of posswap's "
                 "(a plain interpolate loads with the stock class)."
             )
-        install_positions(self, block)  # checks the block first: a hand-edited one is named
+        install_positions(self, block)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):

@@ -12,7 +12,7 @@ from torch import nn
 
 from .posswap_architectures import Sites
 from .posswap_attention import BiasProvider, install_bias
-from .posswap_functional import alibi_bias, alibi_slopes
+from .posswap_functional import alibi_bias, alibi_slopes, alibi_term
 from .posswap_registry import installer
 
 
@@ -41,8 +41,7 @@ class AlibiBias(BiasProvider):
         slopes, symmetric = self.slopes(q_pos.device), self.symmetric
 
         def term(b, h, q_idx, kv_idx):
-            d = q_pos[b, q_idx] - k_pos[b, kv_idx]
-            return -slopes[h] * (d.abs() if symmetric else d)
+            return alibi_term(slopes[h], q_pos[b, q_idx] - k_pos[b, kv_idx], symmetric)
 
         return term
 

@@ -49,6 +49,30 @@ def _fail(where: str, text: str) -> ValueError:
     )
 
 
+class CheckedBlock(dict):
+    """A block that passed :func:`check_block`, and what it was then: while it is unchanged, its rules are not run
+    again (a folder loads through a loader, a model class and the run time, which each need a checked block)."""
+
+    def __init__(self, block: dict):
+        super().__init__(block)
+        self.checked_as = dict(block)
+
+    def unchanged(self) -> bool:
+        return dict(self) == self.checked_as
+
+
+def checked_block(block: Any, where: str, config: Any = None) -> Any:
+    """``block`` migrated and checked (:func:`check_block`), as a :class:`CheckedBlock`; one already checked and
+    unchanged has only its length compared with ``config`` (the config may be another one)."""
+    block = migrate_block(block)  # a folder saved by an older posswap: its keys under their current names
+    if isinstance(block, CheckedBlock) and block.unchanged():
+        if config is not None:
+            _check_length(block, where, config)
+        return block
+    check_block(block, where, config)
+    return CheckedBlock(block) if isinstance(block, dict) else block
+
+
 def check_block(block: Any, where: str, config: Any = None) -> None:
     """Raise ``ValueError`` (one line naming ``where``, the block and the key) unless ``block`` is one that
     ``posswap.patch`` could have written; with ``config``, also unless its length is the config's
@@ -65,6 +89,13 @@ def check_block(block: Any, where: str, config: Any = None) -> None:
             f"{where}/config.json: the 'posswap' block must be a mapping with {', '.join(CORE_KEYS)} "
             f"(as posswap.patch writes it); got {got}. Re-save the model with posswap, or delete the block to load it unpatched."
         )
+    _check_rules(block, where)
+    if config is not None:
+        _check_length(block, where, config)
+
+
+def _check_rules(block: dict, where: str) -> None:
+    """The method known, no unknown key, each key's rule (the schema): the part a checked block skips."""
     method = block["method"]
     if method not in SCHEMAS:
         raise ValueError(
@@ -88,8 +119,6 @@ def check_block(block: Any, where: str, config: Any = None) -> None:
         problem = block_problem(block[key], rule, block)
         if problem:
             raise _fail(where, f"({method}) key {key!r} {problem}; got {block[key]!r}")
-    if config is not None:
-        _check_length(block, where, config)
 
 
 def _check_length(block: dict, where: str, config: Any) -> None:

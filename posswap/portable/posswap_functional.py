@@ -199,9 +199,12 @@ def alibi_bias(
     mask lets through, j <= i, are meaningful; later keys get a positive bias that the mask removes).
     """
     distance = q_positions[..., :, None] - k_positions[..., None, :]
-    if symmetric:
-        distance = distance.abs()
-    return -slopes[:, None, None] * distance.unsqueeze(-3).to(slopes.dtype)
+    return alibi_term(slopes[:, None, None], distance.unsqueeze(-3).to(slopes.dtype), symmetric)
+
+
+def alibi_term(slope, distance, symmetric: bool):
+    """ALiBi's formula, once for the dense bias and flex attention's score_mod: ``-m * |d|`` or ``-m * d``."""
+    return -slope * (distance.abs() if symmetric else distance)
 
 
 def cosine_matrix(vectors: torch.Tensor) -> torch.Tensor:

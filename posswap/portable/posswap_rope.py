@@ -34,9 +34,7 @@ def rotary_map(model: nn.Module, sites: Sites, positions: torch.Tensor) -> tuple
     dims turns by (i - j) theta_k, the pairs partial rotary leaves alone stay put (cos 0 = 1). The cos/sin scale
     (YaRN's attention factor) weighs the rotated pairs by scale^2 against the unrotated ones."""
     rotary = sites.base.posswap_rotary
-    longest = int(positions.max()) + 1  # dynamic scaling stretches with the longest position, as at run time
-    seq_len = longest if rotary.rope_type == "dynamic" and longest > rotary.original_length else None
-    inv_freq, scale = rotary.frequencies(torch.device("cpu"), seq_len)
+    inv_freq, scale = rotary.frequencies(torch.device("cpu"), rotary.stretched_length(positions))  # as at run time
     distance = (positions[:, None] - positions[None, :]).double()
     rotated = torch.cos(distance[..., None] * inv_freq.double()).sum(-1) * scale**2
     unrotated = (rotary.head_dim - rotary.rotary_dim) / 2

@@ -87,12 +87,14 @@ class Rotary(nn.Module):
 
     def cos_sin(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """fp32 (batch or 1, n, rotary_dim) cos and sin of ``position_ids``; a pure function of them."""
-        seq_len = None
-        if self.rope_type == "dynamic":  # frequencies follow the longest position seen (NTK-aware)
-            longest = int(position_ids.max()) + 1
-            seq_len = longest if longest > self.original_length else None
-        inv_freq, scale = self.frequencies(position_ids.device, seq_len)
+        inv_freq, scale = self.frequencies(position_ids.device, self.stretched_length(position_ids))
         return rotary_cos_sin(inv_freq, position_ids, scale)
+
+    def stretched_length(self, positions: torch.Tensor) -> int | None:
+        """The length dynamic scaling stretches the frequencies to (NTK-aware): the longest position seen, once
+        past the original length; None otherwise (and for every other rope_type)."""
+        longest = int(positions.max()) + 1 if self.rope_type == "dynamic" else 0
+        return longest if longest > self.original_length else None
 
     def extra_repr(self) -> str:
         return f"rotary_dim={self.rotary_dim}, theta={self.theta}, rope_type={self.rope_type}, factor={self.factor}"

@@ -15,7 +15,7 @@ from __future__ import annotations
 from torch import nn
 
 from .posswap_architectures import Sites, find_sites
-from .posswap_block import check_block, describe, migrate_block
+from .posswap_block import checked_block, describe
 from .posswap_files import install_atomic_save
 from .posswap_guard import install_length_guard
 from .posswap_registry import INSTALLERS, KEEPS_TABLE, RUNTIME_CODE
@@ -38,15 +38,13 @@ def needs_runtime_code(block: dict) -> bool:
     return method in INSTALLERS and (runtime_code is None or runtime_code(block))
 
 
-def install_positions(model: nn.Module, block: dict) -> None:
+def install_positions(model: nn.Module, block: dict, sites: Sites | None = None) -> None:
     """Make ``model`` run as ``block`` says: drop the table if asked, hook the method in, guard the length, and
     make its ``save_pretrained`` atomic. The block is checked first (a hand-edited config.json is named, not a
-    KeyError from an installer). Idempotent. Builds no tensors, so it also works on the meta device."""
-    migrated = migrate_block(block)  # a folder saved by an older posswap: its keys under their current names
-    if migrated is not block:
-        block = model.config.posswap = migrated
-    check_block(block, describe(model.config), model.config)
-    sites = find_sites(model)
+    KeyError from an installer; once: a block checked on the way here is not checked again). Idempotent. Builds no
+    tensors, so it also works on the meta device. ``sites``: the model's, where the caller (``patch``) has them."""
+    block = model.config.posswap = checked_block(block, describe(model.config), model.config)
+    sites = sites or find_sites(model)
     if block["method"] not in KEEPS_TABLE and block.get("absolute", "drop") == "drop":
         drop_table(sites)
     INSTALLERS[block["method"]](model, sites, block)

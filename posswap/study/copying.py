@@ -216,13 +216,13 @@ def run_key(spec: CopyingSpec, name: str, seed: int) -> dict:
 def train_and_probe(base, spec: CopyingSpec, name: str, seed: int) -> dict:
     """Patch a copy of ``base`` as ``name`` (or keep it, the baseline), probe it, then train and probe every
     ``probe_every`` steps. The baseline trains the same tokens per step as windows of 1x."""
-    import posswap
+    from ..patching import patch
 
     model = copy.deepcopy(base)
     if name == BASELINE:
         window, batch = spec.length, spec.batch_size * EXTEND
     else:
-        posswap.patch(model, variant_config(name, spec.length))
+        patch(model, variant_config(name, spec.length))
         window, batch = EXTEND * spec.length, spec.batch_size
     schedule = spec.schedule_of(name)
     optimizer = make_optimizer(model, schedule.lr, schedule.position_lr)
@@ -430,9 +430,9 @@ def _run_copying(spec: CopyingSpec, work: Path, out: Path, jobs: int, progress: 
 
 
 def _patched(base, name: str, spec: CopyingSpec):
-    import posswap
+    from ..patching import patch
 
-    return posswap.patch(copy.deepcopy(base), variant_config(name, spec.length))
+    return patch(copy.deepcopy(base), variant_config(name, spec.length))
 
 
 # --- the presets ----------------------------------------------------------------------------------------------

@@ -232,7 +232,11 @@ def base_summary(spec, step0: dict | None, after: dict, curves: dict, probe: dic
     return "\n".join(lines)
 
 
+STEPS_PER_TABLE = 6  # a curve table's step columns: more are split over further tables, each fits a phone
+
+
 def crossover_lines(spec, curves: dict, step0: dict | None) -> list[str]:
+    """The crossover: when each variant first beats the original, then its curve, a few steps a table."""
     target, steps = curves["original_at_1x"], curves["steps"]
     baseline = dict(tuple(p) for p in curves["curves"].get("original trained", []))
     first_set = (step0 or {}).get(spec.heldout_data)
@@ -241,18 +245,13 @@ def crossover_lines(spec, curves: dict, step0: dict | None) -> list[str]:
         if first_set is not None and curves["length"] in first_set.lengths
         else None
     )
-    checked = next(iter(curves["curves"].values()), [])
-    lines = [
-        f"Crossover: held-out {curves['metric']} at {curves['length']} tokens (4x) during training, against the "
-        f"original at {spec.length} (1x) on the same tokens: {target:.4f}.",
-        "",
+    firsts = [
         _row(
-            ["variant", "step 0"]
-            + [f"step {s}" for s, _ in checked]
-            + ["first step below the original at 1x", "first step below `original trained` at 1x, same step"]
+            ["variant", "first step below the original at 1x", "first step below `original trained` at 1x, same step"]
         ),
-        _row(["---"] * (len(checked) + 4)),
+        _row(["---"] * 3),
     ]
+    points = {}  # variant -> [step 0, each checked step's loss]
     for name, curve in curves["curves"].items():
         untrained = untrained_result(first_set, name) if at is not None else None
         start = untrained.metrics[curves["metric"]][at] if untrained is not None else None
@@ -261,13 +260,23 @@ def crossover_lines(spec, curves: dict, step0: dict | None) -> list[str]:
         fair_cell = (
             "-" if name == "original trained" or not baseline else fair if fair is not None else f"not within {steps}"
         )
-        lines.append(
-            _row(
-                [name, _fmt(start)]
-                + [f"{loss:.4f}" for _, loss in curve]
-                + [found if found is not None else f"not within {steps}", fair_cell]
-            )
-        )
+        firsts.append(_row([name, found if found is not None else f"not within {steps}", fair_cell]))
+        points[name] = [_fmt(start)] + [f"{loss:.4f}" for _, loss in curve]
+    intro = (
+        f"Crossover: held-out {curves['metric']} at {curves['length']} tokens (4x) during training, against the "
+        f"original at {spec.length} (1x) on the same tokens: {target:.4f}."
+    )
+    return [intro, "", *firsts, *curve_tables(next(iter(curves["curves"].values()), []), points)]
+
+
+def curve_tables(checked: list, points: dict[str, list[str]]) -> list[str]:
+    """Each variant's loss at step 0 and at every checked step, ``STEPS_PER_TABLE`` steps a table."""
+    headers = ["step 0"] + [f"step {s}" for s, _ in checked]
+    lines = []
+    for first in range(0, len(headers), STEPS_PER_TABLE):
+        part = slice(first, first + STEPS_PER_TABLE)
+        lines += ["", _row(["variant", *headers[part]]), _row(["---"] * (len(headers[part]) + 1))]
+        lines += [_row([name, *cells[part]]) for name, cells in points.items()]
     return lines
 
 

@@ -12,36 +12,32 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
-import yaml
 
 from ..config import load_yaml
 from ..evaluation.plots import write_plots
 from ..files import remove_model_folder
-from ..portable.posswap_block import migrate_block
 from ..training.distill import DISTILLED
 from .plan import EXTEND, LONG_VARIANTS, BaseSpec, Budget, plain_variant, variant_distill, variant_patch
 from .report import curve_plot, probe_plot, saved_summary
+from .runs import TRAIN_SECONDS, finished_run, hardware, record_run, run_seconds, same_recipe
 from .scoring import (
     BASELINE,
     ORIGINAL,
     Scorer,
-    damage,
     hold_work,
     load_sets,
     loss_metric,
     save_sets,
-    set_aside,
     set_name,
     write_json,
 )
 
-__all__ = ["BASELINE", "ORIGINAL", "CurveRecorder", "Study", "hardware"]
+__all__ = ["BASELINE", "ORIGINAL", "CurveRecorder", "Study", "hardware", "same_recipe"]
 
 
 class CurveRecorder:
@@ -425,93 +421,3 @@ class Study:
         wall = time.perf_counter() - started
         text = "\n\n".join(s["summary"] for s in summaries)
         return f"{text}\n\nWall time {wall / 60:.1f} min on {machine['description']}; files in {self.out}/."
-
-
-TRAIN_SECONDS = "train_seconds.json"  # a study run's training time, written when it finishes
-
-
-def run_seconds(run_dir: Path) -> float | None:
-    """Seconds ``run_dir``'s training took (None for a run from before the study recorded it)."""
-    path = run_dir / TRAIN_SECONDS
-    return json.loads(path.read_text())["seconds"] if path.is_file() else None
-
-
-def finished_run(run_dir: Path, raw: dict, curve_file: Path | None) -> bool:
-    """``run_dir`` holds a finished run of ``raw`` that reads back. A damaged file of it (its recipe, its curve, its
-    model's config or weights: cut short or overwritten on disk) is set aside with one line, and the run is trained
-    again, instead of the study stopping on it."""
-    model, recipe = run_dir / "model", run_dir / "recipe.yaml"
-    if not (model / "config.json").exists() or not recipe.exists():
-        return False
-    try:
-        saved = load_yaml(recipe.read_text())
-    except (ValueError, yaml.YAMLError) as error:
-        set_aside(recipe, damage(error))
-        return False
-    if not same_recipe(saved, raw):
-        return False
-    if curve_file is not None and curve_file.exists():
-        try:
-            json.loads(curve_file.read_text())
-        except ValueError as error:
-            set_aside(curve_file, damage(error))
-            return False
-    broken = damaged_model(model)
-    if broken is not None:
-        set_aside(model, broken)
-        return False
-    return True
-
-
-def damaged_model(folder: Path) -> str | None:
-    """Why a saved model folder would not load (its config is not JSON, a weights file is cut short or its header
-    overwritten), or None. Reads only the headers: a byte changed inside a tensor is not found here."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        json.loads((folder / "config.json").read_text())
-    except ValueError as error:
-        return f"config.json {damage(error)}"
-    for weights in sorted(folder.glob("*.safetensors")):
-        try:
-            with safe_open(str(weights), "pt"):
-                pass
-        except (SafetensorError, OSError) as error:
-            return f"{weights.name}: {' '.join(str(error).split())}"
-    return None
-
-
-def same_recipe(saved, raw: dict) -> bool:
-    """A finished run's recipe is this one; a run saved by an older posswap still is (its posswap block is read
-    with today's key names, as a saved model's is)."""
-    if isinstance(saved, dict) and isinstance(saved.get("posswap"), dict):
-        saved = {**saved, "posswap": migrate_block(saved["posswap"])}
-    return saved == raw
-
-
-def record_run(path: Path, record: dict) -> Path:
-    """Write this run's record, keeping the earlier runs' records under ``earlier_runs``: a rerun that reuses the
-    trained models takes minutes, and must not replace the timing of the run that trained them."""
-    earlier = []
-    if path.is_file():
-        previous = json.loads(path.read_text())
-        earlier = previous.pop("earlier_runs", []) + [{k: v for k, v in previous.items() if k != "spec"}]
-    return write_json(path, {**record, "earlier_runs": earlier})
-
-
-def hardware(device: str | None = None) -> dict:
-    import transformers
-
-    from ..evaluation.stream import resolve_device
-
-    description = f"{torch.get_num_threads()} CPU threads ({platform.processor() or platform.machine()})"
-    if resolve_device(device).type == "cuda":
-        description = torch.cuda.get_device_name(0)
-    return {
-        "description": description,
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-    }

@@ -1,5 +1,5 @@
 """What ``posswap patch`` checks about a model before any work: that ``--max-length`` does not shrink it unless
-``--allow-shrink`` says so (one line, exit 2). That a bare name is found at all is :mod:`posswap.model_sources`'s."""
+``--allow-shrink`` says so (one line, exit 2). That a bare name is found at all is :mod:`posswap.cli.model_sources`'s."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ def model_length(source: str) -> int | None:
     patch (``patch`` names it)."""
     from transformers import AutoConfig
 
-    from .portable.modeling_posswap import MODEL_TYPE_PREFIX
-    from .portable.posswap_architectures import ARCHITECTURES
-    from .sentence_models import transformer_folder
+    from ..portable.modeling_posswap import MODEL_TYPE_PREFIX
+    from ..portable.posswap_architectures import ARCHITECTURES
+    from ..sentence_models import transformer_folder
 
     config = AutoConfig.from_pretrained(source, subfolder=transformer_folder(source) or "")
     arch = ARCHITECTURES.get(str(getattr(config, "model_type", "")).removeprefix(MODEL_TYPE_PREFIX))
@@ -21,12 +21,10 @@ def model_length(source: str) -> int | None:
 
 
 def check_no_shrink(source: str, max_length: int, allow_shrink: bool) -> int | None:
-    """A ``--max-length`` below the model's own length loses the positions past it: refused unless asked for.
-    Returns the model's own length (None where posswap does not know the model type)."""
+    """A ``--max-length`` below the model's own length, refused as ``posswap.patch`` refuses it, before the model
+    loads. Returns the model's own length (None where posswap does not know the model type)."""
+    from ..patching import check_no_shrink as refuse_shrink
+
     own = model_length(source)
-    if own is not None and max_length < own and not allow_shrink:
-        raise ValueError(
-            f"--max-length {max_length} is below the {own} tokens this model reads: the patch would shrink it. "
-            f"Give --max-length {own} or more, or add --allow-shrink to shrink it."
-        )
+    refuse_shrink(max_length, own, allow_shrink, ("--max-length", "add --allow-shrink"))
     return own

@@ -5,16 +5,24 @@ keeping an extended table is a weight change, made here. The table math lives in
 
 from __future__ import annotations
 
+from dataclasses import field
+
 import torch
 from torch import nn
 
-from .config import check_choice
-from .portable.posswap_architectures import Sites
-from .portable.posswap_functional import resample_positions
-from .portable.posswap_tables import ABSOLUTE_CHOICES
+from ..config import check_choice
+from ..portable.posswap_architectures import Sites
+from ..portable.posswap_functional import resample_positions
+from ..portable.posswap_rules import choice
+from ..portable.posswap_tables import ABSOLUTE_CHOICES
 
 # The help of the ``absolute`` option, one text for every method that has it (one name, one meaning).
 ABSOLUTE_HELP = "The learned position table: drop (remove it; default) or keep (keep it, extended by copying rows)."
+
+
+def absolute_field():
+    """The ``absolute`` option of every method that may keep the table (RoPE, ALiBi, T5 bias): declared once."""
+    return field(default="drop", metadata={"help": ABSOLUTE_HELP, "rule": choice(*ABSOLUTE_CHOICES)})
 
 
 def check_absolute(sites: Sites, absolute: str) -> None:

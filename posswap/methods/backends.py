@@ -7,12 +7,21 @@ the kernel chosen before anything changes.
 
 from __future__ import annotations
 
+from dataclasses import field
+
 from torch import nn
 
-from .portable.posswap_attention import BIAS_IMPLEMENTATIONS
+from ..portable.posswap_attention import BACKENDS, BIAS_IMPLEMENTATIONS
+from ..portable.posswap_rules import choice
 
 # The help of the ``backend`` option, one text for every method that has it (one name, one meaning).
 BACKEND_HELP = "Attention kernel: sdpa, flex or eager; default: what the model was loaded with."
+
+
+def backend_field():
+    """The ``backend`` option of every method that runs its own attention (RoPE, ALiBi, T5 bias, TUPE): declared
+    once."""
+    return field(default=None, metadata={"help": BACKEND_HELP, "rule": choice(*BACKENDS, optional=True)})
 
 
 def check_backend(model: nn.Module, backend: str | None) -> None:

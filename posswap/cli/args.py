@@ -15,8 +15,7 @@ from typing import Any
 
 import yaml
 
-from .config import load_yaml
-from .portable.posswap_block import RENAMED_IN
+from .facts import RENAMED_IN
 
 
 class Parser(argparse.ArgumentParser):
@@ -65,6 +64,8 @@ def near_flags(extras: list[str], parser: argparse.ArgumentParser) -> str:
 def yaml_value(text: str) -> Any:
     """``4096`` -> 4096, ``0.5`` -> 0.5, ``1e6`` -> 1000000.0, ``yarn`` -> "yarn", ``null`` -> None: the config
     validates the type."""
+    from ..config import load_yaml  # when a value is parsed: building the parser imports no torch
+
     try:
         return load_yaml(text)
     except yaml.YAMLError as error:  # argparse reports ArgumentTypeError as one usage line

@@ -5,7 +5,7 @@ models carry them; posswap imports them from there (one rule: portable names com
 import torch
 from torch import nn
 
-from .portable.posswap_architectures import Sites
+from ..portable.posswap_architectures import Sites
 
 
 def first_layer_qk(sites: Sites) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,7 +28,7 @@ def check_model_found(name: str) -> None:
     from huggingface_hub import HfApi
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
-    from .hub import hub_timeout
+    from ..hub import hub_timeout
 
     try:
         with hub_timeout("run again, or give a model folder"):

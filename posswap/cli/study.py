@@ -7,14 +7,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from .cli_args import list_flag, renamed
-from .config import check_number
+from .args import list_flag, renamed
+from .facts import COPYING_VARIANTS, ROPE_RECIPES, STUDY_VARIANTS
 
 
 def add_study(commands) -> None:
-    from .study.copying import COPYING_VARIANTS, ROPE_RECIPES
-    from .study.plan import VARIANTS
-
     s = commands.add_parser(
         "study", help="The extension study: each method on each base, untrained and after an equal budget."
     )
@@ -37,12 +34,12 @@ def add_study(commands) -> None:
         metavar="MODEL",
         help="Only these bases of the text study: gpt2, minilm (default: the preset's).",
     )
-    copying_only = [v for v in (*COPYING_VARIANTS, *ROPE_RECIPES) if v not in VARIANTS]
+    copying_only = [v for v in (*COPYING_VARIANTS, *ROPE_RECIPES) if v not in STUDY_VARIANTS]
     list_flag(
         s,
         "--variants",
         metavar="VARIANT",
-        help=f"Subset of {' '.join(VARIANTS)} (default: all; the long phase: the quick phase's best four, or exactly the ones named), each also as "
+        help=f"Subset of {' '.join(STUDY_VARIANTS)} (default: all; the long phase: the quick phase's best four, or exactly the ones named), each also as "
         "NAME-distill (trained with the unpatched model as teacher, train.distill); the copying presets "
         f"also take {' '.join(copying_only)}.",
     )
@@ -135,9 +132,9 @@ def _copying_options(s: argparse.ArgumentParser) -> None:
 def _cmd_study(args: argparse.Namespace) -> None:
     import shlex
 
-    from .evaluation.stream import resolve_device
-    from .study import Study, select
-    from .study.copying import COPYING_PRESETS
+    from ..evaluation.stream import resolve_device
+    from ..study import Study, select
+    from ..study.copying import COPYING_PRESETS
 
     if args.docs is not None:
         return _write_docs_pages(args)
@@ -175,7 +172,7 @@ def _refuse_other_family(args: argparse.Namespace, flags: tuple[str, ...], famil
 
 
 def _write_docs_pages(args: argparse.Namespace) -> None:
-    from .study.docs_report import write_pages
+    from ..study.docs_report import write_pages
 
     if not args.report_only:
         raise ValueError("--docs writes the study's pages from saved results: posswap study --report-only --docs DIR.")
@@ -187,8 +184,9 @@ def _cmd_copying_study(args: argparse.Namespace) -> None:
     import json
     import time
 
-    from .study.copying import COPYING_PRESETS, narrowed, run_copying
-    from .study.copying_report import write_report
+    from ..config import check_number
+    from ..study.copying import COPYING_PRESETS, narrowed, run_copying
+    from ..study.copying_report import write_report
 
     _refuse_other_family(args, TEXT_ONLY, "the text study (--preset full or minilm-mini)")
     jobs = 2 if args.jobs is None else args.jobs
