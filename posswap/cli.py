@@ -139,11 +139,26 @@ def _cmd_export(args: argparse.Namespace) -> None:
     from .export import TOLERANCE, export
 
     _model_source(args.folder)
+    if args.format == "onnx" or args.int8:
+        return _cmd_export_onnx(args)
     result = export(args.folder, args.out)
     print(
         f"Exported {args.folder} as {result.architecture} to {result.path} "
         f"(max logit difference {result.max_difference:.1e}, limit {TOLERANCE:.0e}); "
         f"upload it with: posswap push {result.path} REPO_ID"
+    )
+
+
+def _cmd_export_onnx(args: argparse.Namespace) -> None:
+    from .onnx_export import export_onnx
+
+    if args.format != "onnx":
+        raise ValueError("--int8 quantises an ONNX graph: add --format onnx.")
+    result = export_onnx(args.folder, args.out, int8=args.int8)
+    print(
+        f"Exported {args.folder} as ONNX ({result.layout} layout: {', '.join(result.graphs)}) to {result.path} "
+        f"(max difference from the torch model {result.max_difference:.1e})"
+        + (f"; int8 cosine to float by length {result.int8_cosine}" if result.int8_cosine else "")
     )
 
 
@@ -424,6 +439,13 @@ def _add_export(commands) -> None:
     )
     x.add_argument("folder", metavar="MODEL", help="Folder (or Hub id) of a posswap-patched model.")
     x.add_argument("--out", required=True, help="New (or empty) folder for the native model and the tokenizer.")
+    x.add_argument(
+        "--format",
+        choices=("native", "onnx"),
+        default="native",
+        help="native: a transformers architecture (RoPE); onnx: an ONNX graph for onnxruntime (posswap.onnx_export).",
+    )
+    x.add_argument("--int8", action="store_true", help="With --format onnx: also an int8 dynamically quantised graph.")
     x.add_argument(
         "--push",
         action=Renamed,
