@@ -17,12 +17,13 @@ import torch
 import transformers
 from torch import nn
 
+from .onnx_attention import use_multi_head_attention
 from .patching import CONFIG_KEY
 from .portable.posswap_architectures import find_sites
 from .portable.posswap_placement import short_input_position_ids
 from .portable.posswap_runtime import needs_runtime_code
 
-OPSET = 20  # the last opset whose Softmax / MatMul attention onnxruntime's CPU kernels all take
+OPSET = 23  # attention as one standard Attention node, which onnx_attention.py hands to onnxruntime's kernel
 IN_GRAPH = ("interpolate",)  # methods whose run-time code has a graph form here (see module docstring)
 
 
@@ -111,4 +112,6 @@ def write_graph(model: nn.Module, native: nn.Module, tokenizer, path: Path) -> l
             verbose=False,
         )
     program.save(str(path))
+    if not model.config.is_decoder and model.config.model_type.removeprefix("posswap-") != "gpt2":
+        use_multi_head_attention(path, model.config.num_attention_heads)
     return names
