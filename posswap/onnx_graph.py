@@ -96,7 +96,7 @@ def write_graph(model: nn.Module, native: nn.Module, tokenizer, path: Path) -> l
     offset = find_sites(model).offset if isinstance(block, dict) else 0
     graph = Graph(native, block, offset, output_name(model)).eval()
     names = input_names(tokenizer)
-    sample = tokenizer(["a b c d", "a"], return_tensors="pt", padding=True)
+    sample = tokenizer(["a b c d"] * 2, return_tensors="pt")  # no padding: GPT-2's tokenizer has no pad token
     batch, length = torch.export.Dim("batch"), torch.export.Dim("sequence", max=model.config.max_position_embeddings)
     path.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
