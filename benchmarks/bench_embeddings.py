@@ -14,6 +14,9 @@ Variants, each ``SentenceTransformer.encode`` over every document:
                gradients the blocked bias path (no (heads, n, n) bias)
   alibi-2048-dense  the same with the dense (heads, n, n) bias forced (the path before the blocked one)
   copy-2048    posswap.patch(st, InterpolateConfig(max_length=2048, mode="copy")): the whole document at once
+  exact-2048   the shipped recipe's patch (minilm-embed-2k: interpolate, stride, exact_short_inputs), torch
+  exact-2048-onnx       the same exported (posswap export --format onnx), run by onnxruntime (posswap.onnx_encoder)
+  exact-2048-onnx-int8  its int8 dynamically quantised graph
 Batches hold about 4096 tokens for every variant (2 documents, or 8 pieces). Each round runs every variant once,
 the order rotating; time is the median over rounds, tokens/s counts the documents' word pieces (the same for every
 variant), timed with the default allocator and nothing else running in the process. Peak memory comes from a second
@@ -30,6 +33,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from bench_methods import allocator_env, timed  # this folder is on sys.path when the script runs
@@ -37,7 +41,8 @@ from bench_methods import allocator_env, timed  # this folder is on sys.path whe
 DOC_TOKENS = 2040
 PIECES = {"stock-512": 510, "stock-256": 254}  # word pieces per chunk: the limit less [CLS] and [SEP]
 LATE_CHUNK = 256
-VARIANTS = ("stock-512", "stock-256", "alibi-2048", "alibi-2048-dense", "alibi-2048-late", "copy-2048")
+VARIANTS = ("stock-512", "stock-256", "alibi-2048", "alibi-2048-dense", "alibi-2048-late", "copy-2048", "exact-2048")
+ONNX_VARIANTS = {"exact-2048-onnx": "onnx/model.onnx", "exact-2048-onnx-int8": "onnx/model_qint8.onnx"}
 
 
 def documents(tokenizer, count: int, piece: int) -> tuple[list[str], list[list[str]]]:
@@ -55,13 +60,37 @@ def documents(tokenizer, count: int, piece: int) -> tuple[list[str], list[list[s
     return docs, pieces
 
 
-def load(variant: str):
+def export_exact(folder: Path) -> None:
+    """The recipe's patch of the stock model, saved and exported with its int8 graph into ``folder``/onnx-out."""
+    from sentence_transformers import SentenceTransformer
+
+    import posswap
+    from posswap.loading import minilm_path
+    from posswap.onnx_export import export_onnx
+    from posswap.training.recipe import load_recipe
+
+    model = posswap.patch(SentenceTransformer(minilm_path(), device="cpu"), load_recipe("minilm-embed-2k")[0].posswap)
+    model.save(str(folder / "patched"))
+    export_onnx(folder / "patched", folder / "onnx-out", int8=True)
+
+
+def load(variant: str, onnx_folder: Path | None = None):
     from sentence_transformers import SentenceTransformer
 
     import posswap
     from posswap.loading import minilm_path
 
+    if variant in ONNX_VARIANTS:
+        import torch
+
+        from posswap.onnx_encoder import OnnxEncoder
+
+        return OnnxEncoder(onnx_folder / "onnx-out", ONNX_VARIANTS[variant], threads=torch.get_num_threads())
     model = SentenceTransformer(minilm_path(), device="cpu")
+    if variant == "exact-2048":
+        from posswap.training.recipe import load_recipe
+
+        return posswap.patch(model, load_recipe("minilm-embed-2k")[0].posswap).eval()
     if variant in PIECES:
         model.max_seq_length = PIECES[variant] + 2
     elif variant.startswith("alibi"):
@@ -79,6 +108,8 @@ def encoder(variant: str, model, docs: list[str], pieces: list[list[str]]):
     from posswap.portable import posswap_blocked
 
     def encode():
+        if variant in ONNX_VARIANTS:
+            return model.encode(docs, batch_size=2)
         if variant in PIECES:  # every chunk's vector: what a vector database stores
             flat = [piece for doc in pieces for piece in doc]
             return model.encode(flat, batch_size=4096 // PIECES[variant], convert_to_tensor=True)
@@ -101,6 +132,8 @@ def encoder(variant: str, model, docs: list[str], pieces: list[list[str]]):
 
 def tokens_read(model, variant: str, docs: list[str], pieces: dict[str, list[list[str]]]) -> int:
     """Word pieces each variant's tokenizer actually feeds the model (specials excluded), after truncation."""
+    if variant in ONNX_VARIANTS:
+        return sum(len(e.ids) - 2 for e in model.tokenizer.encode_batch(docs))
     tokenizer, limit = model.tokenizer, model.max_seq_length
     texts = [p for doc in pieces[variant] for p in doc] if variant in PIECES else docs
     lengths = tokenizer(texts, truncation=True, max_length=limit)["input_ids"]
@@ -111,7 +144,7 @@ def vectors_per_document(variant: str, pieces: dict, model, docs: list[str]) -> 
     """What a vector database stores per document: one vector, or one per chunk."""
     if variant in PIECES:
         return sum(map(len, pieces[variant])) / len(pieces[variant])
-    if variant.endswith("-late"):
+    if variant.endswith("-late") and variant not in ONNX_VARIANTS:
         counts = [
             len(ids) for ids in model.tokenizer(docs, truncation=True, max_length=model.max_seq_length)["input_ids"]
         ]
@@ -119,10 +152,14 @@ def vectors_per_document(variant: str, pieces: dict, model, docs: list[str]) -> 
     return 1.0
 
 
-def measure(variants: list[str], count: int, repeats: int, watch_rss: bool) -> dict:
+def measure(variants: list[str], count: int, repeats: int, watch_rss: bool, onnx_folder: Path | None) -> dict:
     """Every variant's rounds, the order rotating; peak RSS only when ``watch_rss`` (its sampler costs time)."""
-    models = {v: load(v) for v in variants}
-    tokenizer = models[variants[0]].tokenizer
+    models = {v: load(v, onnx_folder) for v in variants}
+    from transformers import AutoTokenizer
+
+    from posswap.loading import minilm_path
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path())  # the documents' text, the same for every variant
     pieces = {v: documents(tokenizer, count, PIECES[v])[1] for v in variants if v in PIECES}
     docs = documents(tokenizer, count, DOC_TOKENS)[0]
     runs = {v: encoder(v, models[v], docs, pieces.get(v)) for v in variants}
@@ -155,6 +192,7 @@ def memory_peaks(args, variants: list[str]) -> dict[str, list[int]]:
     command = [sys.executable, __file__, "--_memory", "--docs", str(args.docs), "--variants", *variants]
     command += ["--memory-repeats", str(args.memory_repeats)]
     command += ["--threads", str(args.threads)] if args.threads else []
+    command += ["--_onnx", str(args._onnx)] if args._onnx else []
     done = subprocess.run(command, capture_output=True, text=True, env=allocator_env(memory=True), check=False)
     if done.returncode != 0:
         raise SystemExit(f"the memory process failed:\n{done.stderr[-3000:]}")
@@ -166,10 +204,11 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=8, help="Documents of 2040 word pieces (Persuasion holds ~60).")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for the run.")
-    parser.add_argument("--variants", nargs="+", action="extend", default=None, choices=VARIANTS)
+    parser.add_argument("--variants", nargs="+", action="extend", default=None, choices=VARIANTS + tuple(ONNX_VARIANTS))
     parser.add_argument("--out", type=Path, default=None, help="Write the figures and the command to this JSON file.")
     parser.add_argument("--memory-repeats", type=int, default=2, help="Rounds of the separate memory process.")
     parser.add_argument("--_memory", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--_onnx", type=Path, default=None, help=argparse.SUPPRESS)  # the export, made once
     args = parser.parse_args()
     if args.docs < 1 or args.repeats < 1 or args.memory_repeats < 1:
         parser.error("--docs, --repeats and --memory-repeats must be at least 1")
@@ -181,11 +220,18 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     variants = args.variants or list(VARIANTS)
     if args._memory:  # the memory process: peaks only, printed for the parent
-        print(json.dumps({v: r["peaks"] for v, r in measure(variants, args.docs, args.memory_repeats, True).items()}))
+        peaks = measure(variants, args.docs, args.memory_repeats, True, args._onnx)
+        print(json.dumps({v: r["peaks"] for v, r in peaks.items()}))
         return
-    results = measure(variants, args.docs, args.repeats, False)
-    for v, peaks in memory_peaks(args, variants).items():
-        results[v]["peaks"], results[v]["peak"] = peaks, statistics.median(peaks)
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="posswap-bench-onnx-") as tmp:
+        if any(v in ONNX_VARIANTS for v in variants):
+            args._onnx = Path(tmp)
+            export_exact(args._onnx)
+        results = measure(variants, args.docs, args.repeats, False, args._onnx)
+        for v, peaks in memory_peaks(args, variants).items():
+            results[v]["peaks"], results[v]["peak"] = peaks, statistics.median(peaks)
+    load_after = os.getloadavg()
     stock = results.get("stock-512")
     print(f"\nall-MiniLM-L6-v2, {args.docs} documents of {DOC_TOKENS} word pieces, CPU, median of {args.repeats}")
     print("| variant | tokens/s | time s | peak MiB | time / stock-512 | same rounds | memory / stock-512 | vectors |")
@@ -214,6 +260,7 @@ def main() -> None:
             "repeats": args.repeats,
             "note": "one process, variants interleaved per round; the machine was shared with other jobs, so the "
             "absolute figures are noisy and the ratios less so.",
+            "load_average": {"before": load_before, "after": load_after},
             "results": results,
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)

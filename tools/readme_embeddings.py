@@ -264,8 +264,33 @@ def speed_block(root: Path) -> list[str]:
                 f"| `{path.stem}` | {name} | {row['tokens_per_s']:,.0f} | {row['time_vs_stock']:.2f} | "
                 f"{row['memory_vs_stock']:.2f} | {vectors:g} |"
             )
+    lines += onnx_lines(root)
     commands = [json.loads(p.read_text())["command"] for p in sorted(root.glob("*.json"))]
     return [*lines, "", "Each run's command (`results/speed/`): " + "; ".join(f"`{c}`" for c in commands) + "."]
+
+
+def onnx_lines(root: Path) -> list[str]:
+    """The exported graph (posswap export --format onnx) against the torch model it came from, in the same rounds:
+    documents per second over the torch model's, and the load average around the run (a shared machine)."""
+    lines = [
+        "",
+        "| run | threads | variant | documents/s vs torch exact-2048 | same rounds | peak MiB | load average |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for path in sorted(root.glob("embeddings-*.json")):
+        run = json.loads(path.read_text())
+        torch_row = run["results"].get("exact-2048")
+        if torch_row is None:
+            continue
+        load_average = "{:.1f} / {:.1f}".format(run["load_average"]["before"][0], run["load_average"]["after"][0])
+        for name, row in run["results"].items():
+            if "onnx" in name:
+                paired = statistics.median(t / r for t, r in zip(torch_row["times"], row["times"]))
+                lines.append(
+                    f"| `{path.stem}` | {run['threads']} | {name} | {torch_row['time'] / row['time']:.2f} | {paired:.2f} "
+                    f"| {row['peak'] / 2**20:.0f} | {load_average} |"
+                )
+    return lines if len(lines) > 3 else []
 
 
 def gpu_block(root: Path) -> list[str]:

@@ -123,11 +123,26 @@ def export_command(args: argparse.Namespace) -> None:
     from ..export import TOLERANCE, export
 
     _model_source(args.folder)
+    if args.format == "onnx" or args.int8:
+        return export_onnx_command(args)
     result = export(args.folder, args.out)
     print(
         f"Exported {args.folder} as {result.architecture} to {result.path} "
         f"(max logit difference {result.max_difference:.1e}, limit {TOLERANCE:.0e}); "
         f"upload it with: posswap push {result.path} REPO_ID"
+    )
+
+
+def export_onnx_command(args: argparse.Namespace) -> None:
+    from ..onnx_export import export_onnx
+
+    if args.format != "onnx":
+        raise ValueError("--int8 quantises an ONNX graph: add --format onnx.")
+    result = export_onnx(args.folder, args.out, int8=args.int8)
+    print(
+        f"Exported {args.folder} as ONNX ({result.layout} layout: {', '.join(result.graphs)}) to {result.path} "
+        f"(max difference from the torch model {result.max_difference:.1e})"
+        + (f"; int8 cosine to float by length {result.int8_cosine}" if result.int8_cosine else "")
     )
 
 

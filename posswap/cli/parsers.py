@@ -244,10 +244,17 @@ def add_push(commands) -> None:
 
 def add_export(commands) -> None:
     x = commands.add_parser(
-        "export", help="Write a RoPE model as a native transformers model where one is exact (GPT-NeoX, RoFormer)."
+        "export", help="Write a RoPE model as a native transformers model where one is exact (GPT-NeoX, RoFormer), or an embedding model as an ONNX graph (--format onnx)."
     )
     x.add_argument("folder", metavar="MODEL", help="Folder (or Hub id) of a posswap-patched model.")
     x.add_argument("--out", required=True, help="New (or empty) folder for the native model and the tokenizer.")
+    x.add_argument(
+        "--format",
+        choices=("native", "onnx"),
+        default="native",
+        help="native: a transformers architecture (RoPE); onnx: an ONNX graph for onnxruntime (posswap.onnx_export).",
+    )
+    x.add_argument("--int8", action="store_true", help="With --format onnx: also an int8 dynamically quantised graph.")
     x.add_argument(
         "--push",
         action=Renamed,
