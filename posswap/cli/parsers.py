@@ -244,7 +244,8 @@ def add_push(commands) -> None:
 
 def add_export(commands) -> None:
     x = commands.add_parser(
-        "export", help="Write a RoPE model as a native transformers model where one is exact (GPT-NeoX, RoFormer), or an embedding model as an ONNX graph (--format onnx)."
+        "export",
+        help="Write a RoPE model as a native transformers model where one is exact (GPT-NeoX, RoFormer), or an embedding model as an ONNX graph (--format onnx).",
     )
     x.add_argument("folder", metavar="MODEL", help="Folder (or Hub id) of a posswap-patched model.")
     x.add_argument("--out", required=True, help="New (or empty) folder for the native model and the tokenizer.")

@@ -52,7 +52,9 @@ FAMILY = (
     "Ackroyd Braithwaite Crowther Dunstan Eversley Fothergill Grimshaw Hollis Inchbald Jessop Kettering Langley "
     "Mortimer Nettleton Oakley Pickering Rutherford Stanhope Tolliver Upton Villiers Whitlock"
 ).split()
-TOWN_STARTS = "Ash Black Bright Cold Deep Elm Fair Green High Long Mill Moor New Old Red Salt Stan Stone West White".split()
+TOWN_STARTS = (
+    "Ash Black Bright Cold Deep Elm Fair Green High Long Mill Moor New Old Red Salt Stan Stone West White".split()
+)
 
 
 def _names(kind: str, count: int = 2000) -> list[str]:
