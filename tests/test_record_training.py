@@ -56,6 +56,18 @@ def test_an_untimed_run_records_its_cpu_time_as_unknown(run_dir, tmp_path):
     assert written["cpu_seconds"] is None and "of which" not in written["machine"]
 
 
+def test_a_run_timed_by_bash_takes_its_real_user_and_sys(run_dir, tmp_path):
+    (tmp_path / "bash.log").write_text("train: 100%|####| 3/3\n\nreal\t1m4.200s\nuser\t1m50.000s\nsys\t0m10.000s\n")
+    out = tmp_path / "training.json"
+    record([str(run_dir), str(tmp_path / "bash.log"), str(out), "--command", "posswap train r.yaml"])
+    written = json.loads(out.read_text())
+    assert written["command"] == "posswap train r.yaml" and written["wall_seconds"] == 64.2
+    assert written["cpu_seconds"] == 120.0 and "of which the run got 187%" in written["machine"]
+    with pytest.raises(SystemExit):  # bash's time does not name the command
+        record([str(run_dir), str(tmp_path / "bash.log"), str(tmp_path / "t.json")])
+    assert not (tmp_path / "t.json").exists()
+
+
 @pytest.mark.parametrize(
     "extra", [["-"], ["-", "--command", "c"], ["time.log", "--command", "c"], ["time.log", "--wall-seconds", "5"]]
 )

@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> None:
     untimed = args.time_log == "-"
     if untimed and (args.command is None or args.wall_seconds is None):
         parser.error("time_log -: give --command and --wall-seconds (the run was not timed)")
+    if not untimed and args.command is not None and "Command being timed" in Path(args.time_log).read_text():
+        parser.error("--command is for a time_log of bash's time or none (-); GNU time's report names its command")
     if not untimed and args.wall_seconds is not None:
         parser.error("--wall-seconds is for a run without a time log (time_log -); this one has one")
     recipe = json.loads((args.run_dir / "recipe.json").read_text())
