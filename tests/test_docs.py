@@ -228,7 +228,10 @@ def test_the_cli_page_is_the_parsers():
     page = (DOCS / "cli.md").read_text()
     assert "<!-- posswap:usage -->" in page and "```bash" not in page
     usage = hooks.cli_usage()
-    assert "posswap export [-h] --out OUT [--format {native,onnx}] [--int8] [--debug] MODEL" in usage and "posswap train [-h] [--list]" in usage
+    assert (
+        "posswap export [-h] --out OUT [--format {native,onnx}] [--int8] [--debug] MODEL" in usage
+        and "posswap train [-h] [--list]" in usage
+    )
     flags = {flag for parser in hooks.command_parsers().values() for a in parser._actions for flag in a.option_strings}
     refused = {"--rope-typ"}  # the page's example of an abbreviation the parser refuses
     unknown = sorted(set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", page)) - flags - refused)
