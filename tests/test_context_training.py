@@ -100,7 +100,7 @@ def test_the_trainer_batches_the_context_groups_whole_and_nothing_else():
     assert sorted(map(tuple, batches)) == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11)]
     sampler.set_epoch(1)
     orders = {tuple(b[0] for b in batches), tuple(b[0] for b in sampler)}
-    assert len(orders) == 2 or len(batches) == 1  # another order in another epoch (3! orders: checked for seed 5)
+    assert len(orders) == 2  # another order in another epoch (one of 3! orders: seed 5 gives another)
     plain = datasets.Dataset.from_dict({"query": ["a", "b", "c", "d"]})
     assert isinstance(context_batch_sampler(plain, batch_size=2, drop_last=True, seed=0), NoDuplicatesBatchSampler)
 

@@ -43,11 +43,8 @@ def with_untrained(context: dict, root: Path) -> dict:
     untrained = load(root / "untrained.json")
     if untrained["settings"]["fingerprints"] != context["settings"]["fingerprints"]:
         raise SystemExit(f"{root / 'untrained.json'} scored other documents than the run: rescore the untrained patch.")
-    rows = dict(context["rows"])
-    late = [r for r in rows if r.endswith(" late chunks")]
-    ordered = {r: v for r, v in rows.items() if r not in late}
-    ordered = {next(iter(rows)): rows[next(iter(rows))]} | untrained["rows"] | {r: rows[r] for r in late} | ordered
-    return context | {"rows": ordered}
+    first, *rest = context["rows"].items()  # the stock chunks, then the untrained rows ahead of the run's
+    return context | {"rows": dict([first]) | untrained["rows"] | dict(rest)}
 
 
 def columns(context: dict) -> dict[str, str]:

@@ -12,7 +12,6 @@ negatives): the fact's chunk, its tokens mean-pooled while the model reads the w
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import random
 from typing import Any
 
@@ -65,13 +64,13 @@ def _names(kind: str, count: int = 2000) -> list[str]:
     taken = {w.lower() for words in EVALUATION.words.values() for pool in words for w in pool}
     word = lambda n: "".join(rng.choice(SYLLABLES) for _ in range(n)).capitalize()  # noqa: E731
     made: set[str] = set()
-    for attempt in itertools.count():
-        if len(made) == count:
-            return sorted(made)
-        name = _name(kind, rng, word, plain=attempt % 2 == 0)  # name-like words run out first (towns: 280)
+    attempt = 0
+    while len(made) < count:
+        name = _name(kind, rng, word, plain=attempt % 2 == 0)  # by attempt: name-like words run out first (towns: 280)
         if not {w.lower() for w in name.split()} & taken:
             made.add(name)
-    raise AssertionError("unreachable")
+        attempt += 1
+    return sorted(made)
 
 
 def _name(kind: str, rng: random.Random, word, plain: bool) -> str:

@@ -1,0 +1,66 @@
+"""Where a model's late chunks put the question's first hit on the context task: the fact's chunk, its own document's
+naming chunk or another chunk of it, or another document's fact chunk (same question or another) or other chunk.
+
+    python tools/context_diagnosis.py MODEL --length 2048 --documents 32              # the evaluation's templates
+    python tools/context_diagnosis.py MODEL --length 2048 --documents 32 --training   # the recipe's own
+
+A miss inside the document (naming chunk) says the chunk lost its own words to the context; a miss in another
+document's fact chunk for the same question says the chunk does not carry its subject. On the recipe's templates
+against the evaluation's: how much of a score is what the recipe learned by heart. Task seed 5 (the README's
+figures use seed 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+
+import torch
+import torch.nn.functional as F
+
+from posswap.evaluation.context_task import EVALUATION, build_context_task
+from posswap.evaluation.late_chunking import late_chunks
+from posswap.loading import load_sentence_transformer
+from posswap.training.embedding_context import TRAINING
+
+
+def first_hits(model, task) -> collections.Counter:
+    with torch.no_grad():
+        vectors = late_chunks(model, task.documents, batch_size=8, chunks=task.chunks, long_documents="windows")
+        queries = torch.as_tensor(model.encode([q.query for q in task.queries], convert_to_tensor=True)).float()
+    owner = [(d, c) for d, v in enumerate(vectors) for c in range(len(v))]
+    chunks = F.normalize(torch.cat([torch.as_tensor(v) for v in vectors]).float(), dim=-1)
+    scores = F.normalize(queries, dim=-1) @ chunks.T
+    facts = {(q.document, q.chunk): q.relation for q in task.queries}
+    found = collections.Counter()
+    for i, query in enumerate(task.queries):
+        d, c = owner[int(scores[i].argmax())]
+        if (d, c) == (query.document, query.chunk):
+            found["the fact's chunk"] += 1
+        elif d == query.document:
+            where = "naming chunk" if c == task.naming_chunks[d] else "other fact" if (d, c) in facts else "other chunk"
+            found[f"own document: {where}"] += 1
+        else:
+            where = "same question" if facts.get((d, c)) == query.relation else "fact" if (d, c) in facts else "chunk"
+            found[f"another document: {where}"] += 1
+    return found
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--length", type=int, default=2048)
+    parser.add_argument("--documents", type=int, default=32)
+    parser.add_argument("--training", action="store_true", help="the recipe's templates, not the evaluation's")
+    args = parser.parse_args(argv)
+    model = load_sentence_transformer(args.model, device="cpu")
+    templates = TRAINING if args.training else EVALUATION
+    task = build_context_task(model.tokenizer, args.length, args.documents, 5, 128, templates)
+    found = first_hits(model, task)
+    total = sum(found.values())
+    for where, count in found.most_common():
+        print(f"{where:32s} {count / total:.2f}")
+
+
+if __name__ == "__main__":
+    main()
