@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import posswap
 from posswap.data import read_document
-from posswap.evaluation.late_chunking import Span, window_for_each
+from posswap.evaluation.late_chunking import Span, late_chunks_and_documents, window_for_each
 
 st = pytest.importorskip("sentence_transformers")
 TEXT = read_document("persuasion")[30000:33000]
@@ -59,6 +59,19 @@ def test_each_piece_pools_the_tokens_it_holds_in_the_whole_text(long_model):
     assert vectors.shape == (4, 384) and two.shape == (2, 384)
     torch.testing.assert_close(vectors, pooled_by_hand(long_model, "".join(pieces), pieces), atol=1e-5, rtol=0)
     torch.testing.assert_close(two, pooled_by_hand(long_model, "".join(short), short), atol=1e-5, rtol=0)
+
+
+def test_the_late_chunks_pass_gives_each_text_its_encode_embedding(long_model, minilm_path):
+    texts = [TEXT[:1500], TEXT[1500:1800]]
+    pieces = [posswap.split_text(long_model, t, max_tokens=64) for t in texts]
+    late, documents = late_chunks_and_documents(long_model, texts, pieces)
+    torch.testing.assert_close(late[0], posswap.late_chunks(long_model, texts[:1], chunks=pieces[:1])[0])
+    torch.testing.assert_close(
+        torch.stack(documents), long_model.encode(texts, convert_to_tensor=True), atol=1e-5, rtol=0
+    )
+    stock = st.SentenceTransformer(minilm_path, device="cpu")  # reads 256 tokens: the first text needs windows
+    _, documents = late_chunks_and_documents(stock, texts, pieces)
+    assert documents[0] is None and documents[1] is not None
 
 
 def test_split_text_cuts_at_sentence_ends_within_the_budget(long_model):

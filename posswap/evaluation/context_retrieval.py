@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from .chunking import BASELINES, cosine_scores, mean_vector
 from .context_task import KINDS, TEMPLATES, ContextTask, build_context_task, max_context_documents
-from .late_chunking import late_chunks
+from .late_chunking import late_chunks_and_documents
 
 DEFAULT_CONTEXT_LENGTHS = (512, 1024, 2048, 4096)
 DEFAULT_CHUNK_TOKENS = 128
@@ -156,13 +156,13 @@ def evaluate_context(
     results = ContextResults(lengths, documents, seed, chunk_tokens, _settings(tasks))
     steps = tqdm(total=len(rows) * len(tasks), desc="context retrieval", disable=not progress)
     for task in tasks:
-        queries = {}
+        queries, whole = {}, {}  # whole: a model's document vectors from its late chunks' pass
         for row, (name, kind) in rows.items():
             steps.set_postfix_str(f"{row} at {task.length}")
             model = models[name]
             if name not in queries:
                 queries[name] = _encode(model, [q.query for q in task.queries], batch_size)
-            chunk_vectors = _row_vectors(model, kind, task, batch_size)
+            chunk_vectors = _row_vectors(model, kind, task, batch_size, whole.setdefault(name, {}))
             _score_into(
                 results.rows.setdefault(row, ContextRow(_limit(model, kind, chunk_tokens))),
                 queries[name],
@@ -209,17 +209,24 @@ def _limit(model: Any, kind: str, chunk_tokens: int) -> int:
     return chunk_tokens if kind in ("chunk-max", "chunk-mean") else model.max_seq_length
 
 
-def _row_vectors(model: Any, kind: str, task: ContextTask, batch_size: int) -> list[torch.Tensor]:
-    """Per document, a (chunks, dim) tensor: the vector each of its chunks is scored by."""
+def _row_vectors(model: Any, kind: str, task: ContextTask, batch_size: int, whole: dict) -> list[torch.Tensor]:
+    """Per document, a (chunks, dim) tensor: the vector each of its chunks is scored by. The late chunks' pass
+    leaves each document's own vector in ``whole`` (where it read the document whole): the one-vector row then
+    reads no document again."""
     sizes = [len(pieces) for pieces in task.chunks]
     if kind == "late-chunk-max":
-        return late_chunks(model, task.documents, batch_size=batch_size, chunks=task.chunks, long_documents="windows")
+        pieces, documents = late_chunks_and_documents(model, task.documents, task.chunks, batch_size, "windows")
+        if all(d is not None for d in documents):
+            whole["documents"] = documents
+        return pieces
     if kind in ("chunk-max", "chunk-mean"):
         flat = _encode(model, [p for pieces in task.chunks for p in pieces], batch_size)
         alone = list(torch.split(flat, sizes))
         return alone if kind == "chunk-max" else [mean_vector(c).expand(len(c), -1) for c in alone]
-    whole = _encode(model, task.documents, batch_size)  # read as the model reads: truncated past its limit
-    return [v.expand(n, -1) for v, n in zip(whole, sizes)]
+    if "documents" in whole:
+        return [v[None].expand(n, -1) for v, n in zip(whole["documents"], sizes)]
+    vectors = _encode(model, task.documents, batch_size)  # read as the model reads: truncated past its limit
+    return [v.expand(n, -1) for v, n in zip(vectors, sizes)]
 
 
 def _encode(model: Any, texts: list[str], batch_size: int) -> torch.Tensor:

@@ -59,18 +59,48 @@ def late_chunks(
 
     ``model``: a sentence-transformers model with mean pooling (late chunking is defined on mean pooling).
     """
-    pooling_at = _check_texts(model, texts, batch_size, long_documents)
+    _check_texts(model, texts, batch_size, long_documents)
     tokenizer = model.tokenizer
     encoded = [tokenizer(t, add_special_tokens=False, return_offsets_mapping=True, verbose=False) for t in texts]
     if chunks is not None:
         spans = pieces_as_spans(texts, chunks, encoded, chunk_tokens)
     else:
         spans = [_fixed_spans(len(e["input_ids"]), _chunk_size(chunk_tokens), _specials(tokenizer)) for e in encoded]
+    return late_chunks_and_documents(
+        model, texts, batch_size=batch_size, long_documents=long_documents, spans=spans, encoded=encoded
+    )[0]
+
+
+def late_chunks_and_documents(
+    model: Any,
+    texts: list[str],
+    chunks: list[list[str]] | None = None,
+    batch_size: int = 8,
+    long_documents: str = "windows",
+    *,
+    spans: list[list[Span]] | None = None,
+    encoded: list | None = None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    """:func:`late_chunks` of the user's pieces, and each text's own embedding (``encode``'s) from the same pass:
+    the mean of all its token outputs is the pieces' means weighted by their token counts. None for a text read in
+    windows (``encode`` would cut it; no pass read it whole). An evaluation that scores both reads each text once."""
+    pooling_at = _check_texts(model, texts, batch_size, long_documents)
+    if spans is None:
+        encoded = [
+            model.tokenizer(t, add_special_tokens=False, return_offsets_mapping=True, verbose=False) for t in texts
+        ]
+        spans = pieces_as_spans(texts, chunks, encoded, None)
     limit = _check_lengths(model, encoded, spans, long_documents)
     model.eval()  # as encode does: no dropout
+    pieces, documents = [], []
     with torch.no_grad():
-        pooled = [_pool_text(model, e["input_ids"], s, limit, batch_size) for e, s in zip(encoded, spans)]
-        return [after_pooling(model, pooling_at, p).detach().float().cpu() for p in pooled]
+        for e, s in zip(encoded, spans):
+            means, counts = _pool_text(model, e["input_ids"], s, limit, batch_size)
+            pieces.append(after_pooling(model, pooling_at, means).detach().float().cpu())
+            whole = (counts[:, None] * means).sum(dim=0, keepdim=True) / counts.sum()
+            fits = len(e["input_ids"]) <= limit
+            documents.append(after_pooling(model, pooling_at, whole)[0].detach().float().cpu() if fits else None)
+    return pieces, documents
 
 
 def late_chunk_pieces(
@@ -184,13 +214,16 @@ def _check_lengths(model: Any, encoded, spans: list[list[Span]], long_documents:
     return limit
 
 
-def _pool_text(model: Any, ids: list[int], spans: list[Span], limit: int, batch_size: int) -> torch.Tensor:
-    """(pieces, dim) means of the pieces' token outputs, each read in the window chosen for it."""
+def _pool_text(
+    model: Any, ids: list[int], spans: list[Span], limit: int, batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pieces, dim) means of the pieces' token outputs, each read in the window chosen for it, and (pieces,) the
+    number of outputs each mean is over."""
     windows = window_for_each(spans, len(ids), limit)
     starts = sorted(set(windows))
     outputs = dict(zip(starts, _window_outputs(model, ids, starts, limit, batch_size)))
     before, _ = _specials(model.tokenizer)
-    means = []
+    means, counts = [], []
     for k, (span, start) in enumerate(zip(spans, windows)):
         out = outputs[start]
         end = min(len(ids), start + limit)
@@ -200,7 +233,8 @@ def _pool_text(model: Any, ids: list[int], spans: list[Span], limit: int, batch_
         if k == len(spans) - 1 and end == len(ids):
             rows = rows + list(range(before + end - start, len(out)))  # [SEP] with the last
         means.append(out[rows].mean(dim=0))
-    return torch.stack(means)
+        counts.append(len(rows))
+    return torch.stack(means), torch.tensor(counts, dtype=means[0].dtype)
 
 
 def window_for_each(spans: list[Span], count: int, limit: int) -> list[int]:

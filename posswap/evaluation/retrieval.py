@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .chunking import BASELINES, best_chunk_scores, chunk_vectors, cosine_scores, mean_vector, split_into_pieces
-from .late_chunking import late_chunks
+from .late_chunking import late_chunks_and_documents
 from .retrieval_tasks import (
     DEFAULT_HAYSTACK,
     TASKS,
@@ -260,7 +260,7 @@ def evaluate_retrieval(
     tasks = build_tasks(task, tokenizer, lengths, documents, seed, haystack)
     results = RetrievalResults(task, lengths, documents, seed, DEPTH_BUCKETS, _settings(tasks, label, haystack))
     steps = tqdm(total=(len(models) + len(columns)) * len(tasks), desc=f"{task} retrieval", disable=not progress)
-    vectors = Vectors(batch_size)
+    vectors = Vectors(batch_size, {id(models[n]): c for n, kind, c in columns.values() if kind == "late-chunk-max"})
     for name, model in models.items():
         results.models[name] = _evaluate_model(model, tasks, vectors, steps, name)
     for column, (name, kind, chunk) in columns.items():
@@ -320,14 +320,17 @@ def _settings(tasks: list[RetrievalTask], tokenizer: str, haystack: str | None) 
 
 class Vectors:
     """Each model's vectors of each task's texts, computed once within one evaluation: a baseline column reuses its
-    model's query vectors, and chunk-mean and chunk-max the same chunk vectors."""
+    model's query vectors, and chunk-mean and chunk-max the same chunk vectors. A model with late chunks
+    (``late_chunk_of``: its id -> their chunk tokens) reads each document once for them and its one vector."""
 
-    def __init__(self, batch_size: int):
-        self.batch_size, self.memo = batch_size, {}
+    def __init__(self, batch_size: int, late_chunk_of: dict[int, int] | None = None):
+        self.batch_size, self.memo, self.late_chunk_of = batch_size, {}, late_chunk_of or {}
 
     def __call__(self, model, task: RetrievalTask, kind: str, chunk: int = 0):
         """``kind``: queries, documents, chunks (each chunk embedded alone) or late (late chunks)."""
         key = (id(model), task.length, kind, chunk)  # the models outlive the evaluation: ids stay theirs
+        if kind == "documents" and id(model) in self.late_chunk_of:
+            self(model, task, "late", self.late_chunk_of[id(model)])  # leaves the documents where it read them whole
         if key not in self.memo:
             self.memo[key] = self._compute(model, task, kind, chunk)
         return self.memo[key]
@@ -337,9 +340,10 @@ class Vectors:
             return chunk_vectors(model, task.documents, chunk, self.batch_size)
         if kind == "late":  # the spans the stock chunks have, each pooled in the whole document (or a window)
             pieces = [split_into_pieces(model.tokenizer, text, chunk) for text in task.documents]
-            return late_chunks(
-                model, task.documents, chunks=pieces, batch_size=self.batch_size, long_documents="windows"
-            )
+            late, documents = late_chunks_and_documents(model, task.documents, pieces, self.batch_size, "windows")
+            if all(d is not None for d in documents):
+                self.memo[(id(model), task.length, "documents", 0)] = torch.stack(documents)
+            return late
         return _encode(model, task.queries if kind == "queries" else task.documents, self.batch_size)
 
 
