@@ -3,11 +3,13 @@ naming chunk or another chunk of it, or another document's fact chunk (same ques
 
     python tools/context_diagnosis.py MODEL --length 2048 --documents 32              # the evaluation's templates
     python tools/context_diagnosis.py MODEL --length 2048 --documents 32 --training   # the recipe's own
+    python tools/context_diagnosis.py MODEL --length 1024 --documents 48 --window 512  # read in 512-token windows
 
 A miss inside the document (naming chunk) says the chunk lost its own words to the context; a miss in another
 document's fact chunk for the same question says the chunk does not carry its subject. On the recipe's templates
 against the evaluation's: how much of a score is what the recipe learned by heart. Task seed 5 (the README's
-figures use seed 0).
+figures use seed 0). The last line: the fact's chunk first by the distance from its subject's naming chunk, in
+chunks (``--window``: each chunk pooled in a window of that many tokens, as a model that reads no further would).
 """
 
 from __future__ import annotations
@@ -35,7 +37,12 @@ def first_hits(model, task) -> collections.Counter:
     found = collections.Counter()
     for i, query in enumerate(task.queries):
         d, c = owner[int(scores[i].argmax())]
+        bucket = (
+            "1" if query.distance == 1 else "2-3" if query.distance <= 3 else "4-7" if query.distance <= 7 else "8+"
+        )
+        found[f"distance {bucket}: asked"] += 1
         if (d, c) == (query.document, query.chunk):
+            found[f"distance {bucket}: found"] += 1
             found["the fact's chunk"] += 1
         elif d == query.document:
             where = "naming chunk" if c == task.naming_chunks[d] else "other fact" if (d, c) in facts else "other chunk"
@@ -52,14 +59,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--documents", type=int, default=32)
     parser.add_argument("--training", action="store_true", help="the recipe's templates, not the evaluation's")
+    parser.add_argument("--window", type=int, help="read each document in windows of this many tokens")
     args = parser.parse_args(argv)
     model = load_sentence_transformer(args.model, device="cpu")
+    if args.window:
+        model.max_seq_length = args.window
     templates = TRAINING if args.training else EVALUATION
     task = build_context_task(model.tokenizer, args.length, args.documents, 5, 128, templates)
     found = first_hits(model, task)
-    total = sum(found.values())
+    total = sum(v for k, v in found.items() if not k.startswith("distance"))
     for where, count in found.most_common():
-        print(f"{where:32s} {count / total:.2f}")
+        if not where.startswith("distance"):
+            print(f"{where:32s} {count / total:.2f}")
+    buckets = sorted({k.split(":")[0] for k in found if k.startswith("distance")}, key=lambda b: int(b.split()[1][0]))
+    print("by distance: " + ", ".join(f"{b[9:]}: {found[b + ': found'] / found[b + ': asked']:.2f}" for b in buckets))
 
 
 if __name__ == "__main__":
