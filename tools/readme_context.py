@@ -7,9 +7,10 @@
 Reads ``results/context/<run>/context/context.json`` (``posswap eval posswap:minilm STRIDE RUN --task
 context-retrieval``) and ``<run>/needle`` and ``<run>/passkey`` (``--baselines chunk-max late-chunk-max``) for
 each run folder. A block sits between ``<!-- posswap:context-NAME -->`` and ``<!-- /posswap:context-NAME -->``:
-``placement`` (the shipped run against the
-placements tried, ``history/minilm-late-2k-copy*``), ``summary`` (per length: the stock model's chunks, the untrained patch's late chunks (from ``untrained.json``
-where the run did not score them), the recipe's late chunks and one vector; then the verdict), ``parity`` (late chunks against the stock chunks on passkey and needle).
+``summary`` (per length: the stock model's chunks, the untrained patch's late chunks (from ``untrained.json`` where
+the run did not score them), the recipe's late chunks and one vector; then the verdict), ``parity`` (late chunks
+against the stock chunks on passkey and needle), ``placement`` (the shipped run against the changes tried: the runs
+of ``history/`` with a ``changes.diff``).
 """
 
 from __future__ import annotations
@@ -141,12 +142,12 @@ def seeds_line(found: list[Path]) -> str:
 
 
 def placement_block(run: Path, tried: list[Path]) -> list[str]:
-    """The shipped run against the placements tried in ``history/`` (runs named ``minilm-late-2k-copy*``): late
+    """The shipped run against the changes tried in ``history/`` (the runs with a ``changes.diff``): late
     chunks on the context task per length, and on needle at its longest length beside the stock chunks."""
     shown = [run] + tried
     contexts = [load(r / "context" / "context.json") for r in shown]
     lengths = contexts[0]["lengths"]
-    heads = [f"context {n}" for n in lengths] + ["needle late - stock chunks, longest", "passkey one vector, longest"]
+    heads = [f"context {n}" for n in lengths] + ["needle: late - stock chunks", "passkey: one vector"]
     lines = [f"| run | {' | '.join(heads)} |", "|---|" + "---|" * len(heads)]
     for r, context in zip(shown, contexts):
         late = [name for name in context["rows"] if name.endswith(" late chunks")][-1]
@@ -160,14 +161,16 @@ def placement_block(run: Path, tried: list[Path]) -> list[str]:
             stock = next(m for m in models if " chunk-max@" in m and " late-" not in m)
             late_max = [m for m in models if " late-chunk-max@" in m][-1]
             if task == "needle":
-                cells.append(f"{models[late_max]['accuracy'][-1] - models[stock]['accuracy'][-1]:+.2f}")
+                pairs = zip(models[late_max]["accuracy"][-2:], models[stock]["accuracy"][-2:])
+                cells.append(" / ".join(f"{a - b:+.2f}" for a, b in pairs))
             else:
-                cells.append(f"{models[late_max.split(' late-chunk-max@')[0]]['accuracy'][-1]:.2f}")
+                vector = models[late_max.split(" late-chunk-max@")[0]]["accuracy"][-2:]
+                cells.append(" / ".join(f"{a:.2f}" for a in vector))
         lines.append(f"| {r.name} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "Late chunks, accuracy at 1 among all chunks (context, task seed 0, 100 documents a length); needle: the late "
-        "chunks' best chunk minus the stock model's 256-token chunks at 2048 tokens; passkey: one vector at 2048.",
+        "chunks' best chunk minus the stock model's 256-token chunks, and passkey: one vector, at 1024 / 2048 tokens.",
     ]
     return lines
 
@@ -178,11 +181,8 @@ def blocks(root: Path) -> dict[str, list[str]]:
     if not complete:
         raise SystemExit(f"No complete results in {root}: run posswap eval ... --task context-retrieval first.")
     run = complete[0]  # the first seed scored on every task; the others add their late chunks to seeds_line
-    tried = (
-        [r for r in runs(root / "history") if r.name.startswith("minilm-late-2k-copy")]
-        if (root / "history").is_dir()
-        else []
-    )
+    history = runs(root / "history") if (root / "history").is_dir() else []
+    tried = [r for r in history if (r / "changes.diff").is_file()]  # a change to the recipe or placement, tried
     return {
         "summary": summary_block(run) + ["", seeds_line(found)],
         "parity": parity_block(run),
