@@ -15,7 +15,7 @@ import transformers
 import posswap
 from posswap import cli
 from posswap.evaluation.chunking import split_into_chunks
-from posswap.evaluation.retrieval import evaluate_retrieval
+from posswap.evaluation.retrieval import build_tasks, evaluate_retrieval, retrieval_hits
 from posswap.evaluation.retrieval_tasks import FIRST_NAMES, SURNAMES
 
 st = pytest.importorskip("sentence_transformers")
@@ -160,3 +160,16 @@ def test_each_text_is_embedded_once_per_model_however_many_columns_read_it(token
     )
     chunks = 10 * math.ceil((512 - 2) / 126)  # each 512-token document in chunks of 126 word pieces
     assert encoder.seen == 10 + 10 + chunks  # queries, documents, chunks: once each
+
+
+def test_the_one_vector_column_read_with_the_late_chunks_is_encode_of_each_document(minilm_path, long_model):
+    """The one-vector column of a model with late chunks comes from their pass (each document read once): its hits
+    are those of encode, computed here independently."""
+    stock = st.SentenceTransformer(minilm_path, device="cpu")
+    results = evaluate_retrieval(
+        {"minilm": stock, "alibi": long_model}, "needle", [512], documents=20, baselines=["late-chunk-max"]
+    )
+    (task,) = build_tasks("needle", stock.tokenizer, [512], 20, 0)
+    queries = long_model.encode(task.queries, convert_to_tensor=True)
+    documents = long_model.encode(task.documents, convert_to_tensor=True)
+    assert results.models["alibi"].hits[0] == retrieval_hits(queries, documents)

@@ -64,13 +64,13 @@ def test_each_piece_pools_the_tokens_it_holds_in_the_whole_text(long_model):
 def test_the_late_chunks_pass_gives_each_text_its_encode_embedding(long_model, minilm_path):
     texts = [TEXT[:1500], TEXT[1500:1800]]
     pieces = [posswap.split_text(long_model, t, max_tokens=64) for t in texts]
-    late, documents = late_chunks_and_documents(long_model, texts, pieces)
+    late, documents = late_chunks_and_documents(long_model, texts, chunks=pieces)
     torch.testing.assert_close(late[0], posswap.late_chunks(long_model, texts[:1], chunks=pieces[:1])[0])
     torch.testing.assert_close(
         torch.stack(documents), long_model.encode(texts, convert_to_tensor=True), atol=1e-5, rtol=0
     )
     stock = st.SentenceTransformer(minilm_path, device="cpu")  # reads 256 tokens: the first text needs windows
-    _, documents = late_chunks_and_documents(stock, texts, pieces)
+    _, documents = late_chunks_and_documents(stock, texts, chunks=pieces, long_documents="windows")
     assert documents[0] is None and documents[1] is not None
 
 

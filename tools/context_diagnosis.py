@@ -20,13 +20,15 @@ import collections
 import torch
 import torch.nn.functional as F
 
+from posswap.evaluation.context_retrieval import DISTANCE_BUCKETS, distance_bucket
 from posswap.evaluation.context_task import EVALUATION, build_context_task
 from posswap.evaluation.late_chunking import late_chunks
 from posswap.loading import load_sentence_transformer
 from posswap.training.embedding_context import TRAINING
 
 
-def first_hits(model, task) -> collections.Counter:
+def first_hits(model, task) -> tuple[collections.Counter, dict[str, list[bool]]]:
+    """Where each question's first hit lands, counted; and per distance bucket, whether it was the fact's chunk."""
     with torch.no_grad():
         vectors = late_chunks(model, task.documents, batch_size=8, chunks=task.chunks, long_documents="windows")
         queries = torch.as_tensor(model.encode([q.query for q in task.queries], convert_to_tensor=True)).float()
@@ -34,15 +36,11 @@ def first_hits(model, task) -> collections.Counter:
     chunks = F.normalize(torch.cat([torch.as_tensor(v) for v in vectors]).float(), dim=-1)
     scores = F.normalize(queries, dim=-1) @ chunks.T
     facts = {(q.document, q.chunk): q.relation for q in task.queries}
-    found = collections.Counter()
+    found, by_distance = collections.Counter(), {}
     for i, query in enumerate(task.queries):
         d, c = owner[int(scores[i].argmax())]
-        bucket = (
-            "1" if query.distance == 1 else "2-3" if query.distance <= 3 else "4-7" if query.distance <= 7 else "8+"
-        )
-        found[f"distance {bucket}: asked"] += 1
+        by_distance.setdefault(distance_bucket(query.distance), []).append((d, c) == (query.document, query.chunk))
         if (d, c) == (query.document, query.chunk):
-            found[f"distance {bucket}: found"] += 1
             found["the fact's chunk"] += 1
         elif d == query.document:
             where = "naming chunk" if c == task.naming_chunks[d] else "other fact" if (d, c) in facts else "other chunk"
@@ -50,7 +48,7 @@ def first_hits(model, task) -> collections.Counter:
         else:
             where = "same question" if facts.get((d, c)) == query.relation else "fact" if (d, c) in facts else "chunk"
             found[f"another document: {where}"] += 1
-    return found
+    return found, by_distance
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -66,13 +64,12 @@ def main(argv: list[str] | None = None) -> None:
         model.max_seq_length = args.window
     templates = TRAINING if args.training else EVALUATION
     task = build_context_task(model.tokenizer, args.length, args.documents, 5, 128, templates)
-    found = first_hits(model, task)
-    total = sum(v for k, v in found.items() if not k.startswith("distance"))
+    found, by_distance = first_hits(model, task)
+    total = sum(found.values())
     for where, count in found.most_common():
-        if not where.startswith("distance"):
-            print(f"{where:32s} {count / total:.2f}")
-    buckets = sorted({k.split(":")[0] for k in found if k.startswith("distance")}, key=lambda b: int(b.split()[1][0]))
-    print("by distance: " + ", ".join(f"{b[9:]}: {found[b + ': found'] / found[b + ': asked']:.2f}" for b in buckets))
+        print(f"{where:32s} {count / total:.2f}")
+    buckets = [distance_bucket(low) for low, _ in DISTANCE_BUCKETS if distance_bucket(low) in by_distance]
+    print("by distance: " + ", ".join(f"{b}: {sum(by_distance[b]) / len(by_distance[b]):.2f}" for b in buckets))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ and passkey figures of a ``minilm-late-2k`` run come from, and the evaluation ti
 
 Writes ``OUT/context``, ``OUT/needle`` and ``OUT/passkey`` (each task's results) and ``OUT/eval_time.json``: each
 task's wall seconds, the threads, and the machine's load average when it ended (a shared machine's time says so).
-``--tasks context`` evaluates one task (its time alone is recorded).
+``--tasks context`` evaluates one task; its time goes to ``OUT/eval_time-context.json``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ def main(argv: list[str] | None = None) -> None:
         "load": Path("/proc/loadavg").read_text().strip() if Path("/proc/loadavg").exists() else None,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
     }
-    (args.out / "eval_time.json").write_text(json.dumps(record, indent=1) + "\n")
+    # A subset of the tasks is its own record: it never replaces the three tasks' time.
+    name = "eval_time.json" if set(args.tasks) == set(TASKS) else f"eval_time-{'-'.join(args.tasks)}.json"
+    (args.out / name).write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(record))
 
 

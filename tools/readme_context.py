@@ -94,6 +94,13 @@ def verdict(context: dict, named: dict[str, str]) -> str:
     return "Best per length (context, all chunks): " + "; ".join(parts) + "."
 
 
+def retrieval_columns(models: dict) -> tuple[str, str, str]:
+    """A retrieval.json's stock chunk-max column, the recipe's late-chunk-max column and its one-vector column."""
+    stock = next(name for name in models if " chunk-max@" in name and " late-" not in name)
+    late = [name for name in models if " late-chunk-max@" in name][-1]
+    return stock, late, late.split(" late-chunk-max@")[0]
+
+
 def parity_block(run: Path) -> list[str]:
     """Per task and length: the stock model's chunk-max, the recipe's late-chunk-max and its one vector."""
     lines = [
@@ -106,9 +113,7 @@ def parity_block(run: Path) -> list[str]:
             continue
         data = load(path)
         models = data["models"]
-        stock = next(name for name in models if " chunk-max@" in name and " late-" not in name)
-        late = [name for name in models if " late-chunk-max@" in name][-1]
-        vector = late.split(" late-chunk-max@")[0]
+        stock, late, vector = retrieval_columns(models)
         for i, length in enumerate(data["lengths"]):
             s, lt, v = (models[n]["accuracy"][i] for n in (stock, late, vector))
             errors = (models[n]["stderr"][i] for n in (stock, late, vector))
@@ -158,14 +163,12 @@ def placement_block(run: Path, tried: list[Path]) -> list[str]:
                 cells.append("-")
                 continue
             models = load(path)["models"]
-            stock = next(m for m in models if " chunk-max@" in m and " late-" not in m)
-            late_max = [m for m in models if " late-chunk-max@" in m][-1]
+            stock, late_max, vector = retrieval_columns(models)
             if task == "needle":
                 pairs = zip(models[late_max]["accuracy"][-2:], models[stock]["accuracy"][-2:])
                 cells.append(" / ".join(f"{a - b:+.2f}" for a, b in pairs))
             else:
-                vector = models[late_max.split(" late-chunk-max@")[0]]["accuracy"][-2:]
-                cells.append(" / ".join(f"{a:.2f}" for a in vector))
+                cells.append(" / ".join(f"{a:.2f}" for a in models[vector]["accuracy"][-2:]))
         lines.append(f"| {r.name} | " + " | ".join(cells) + " |")
     lines += [
         "",

@@ -107,9 +107,12 @@ def _cell(value: float, error: float | None) -> str:
 
 
 def _group(query: dict, key: str) -> str:
-    if key == "template":
-        return query["template"]
-    low, high = next(b for b in DISTANCE_BUCKETS if b[0] <= query["distance"] <= b[1])
+    return query["template"] if key == "template" else distance_bucket(query["distance"])
+
+
+def distance_bucket(distance: int) -> str:
+    """The bucket of :data:`DISTANCE_BUCKETS` a fact's distance from its naming chunk falls in: "1", "2-3", "16+"."""
+    low, high = next(b for b in DISTANCE_BUCKETS if b[0] <= distance <= b[1])
     return str(low) if low == high else f"{low}+" if high > 1 << 20 else f"{low}-{high}"
 
 
@@ -156,13 +159,15 @@ def evaluate_context(
     results = ContextResults(lengths, documents, seed, chunk_tokens, _settings(tasks))
     steps = tqdm(total=len(rows) * len(tasks), desc="context retrieval", disable=not progress)
     for task in tasks:
-        queries, whole = {}, {}  # whole: a model's document vectors from its late chunks' pass
+        queries, read_whole = {}, {}  # read_whole: a model's document vectors from its late chunks' pass
         for row, (name, kind) in rows.items():
             steps.set_postfix_str(f"{row} at {task.length}")
             model = models[name]
             if name not in queries:
                 queries[name] = _encode(model, [q.query for q in task.queries], batch_size)
-            chunk_vectors = _row_vectors(model, kind, task, batch_size, whole.setdefault(name, {}))
+            chunk_vectors, documents = _row_vectors(model, kind, task, batch_size, read_whole.get(name))
+            if documents is not None:
+                read_whole[name] = documents
             _score_into(
                 results.rows.setdefault(row, ContextRow(_limit(model, kind, chunk_tokens))),
                 queries[name],
@@ -209,24 +214,25 @@ def _limit(model: Any, kind: str, chunk_tokens: int) -> int:
     return chunk_tokens if kind in ("chunk-max", "chunk-mean") else model.max_seq_length
 
 
-def _row_vectors(model: Any, kind: str, task: ContextTask, batch_size: int, whole: dict) -> list[torch.Tensor]:
-    """Per document, a (chunks, dim) tensor: the vector each of its chunks is scored by. The late chunks' pass
-    leaves each document's own vector in ``whole`` (where it read the document whole): the one-vector row then
-    reads no document again."""
+def _row_vectors(
+    model: Any, kind: str, task: ContextTask, batch_size: int, documents: list[torch.Tensor] | None
+) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """Per document, a (chunks, dim) tensor: the vector each of its chunks is scored by; and, from the late chunks'
+    pass where it read every document whole, each document's own vector (``documents`` when it is given: the
+    one-vector row then reads no document again)."""
     sizes = [len(pieces) for pieces in task.chunks]
     if kind == "late-chunk-max":
-        pieces, documents = late_chunks_and_documents(model, task.documents, task.chunks, batch_size, "windows")
-        if all(d is not None for d in documents):
-            whole["documents"] = documents
-        return pieces
+        pieces, whole = late_chunks_and_documents(
+            model, task.documents, batch_size=batch_size, chunks=task.chunks, long_documents="windows"
+        )
+        return pieces, whole if all(d is not None for d in whole) else None
     if kind in ("chunk-max", "chunk-mean"):
         flat = _encode(model, [p for pieces in task.chunks for p in pieces], batch_size)
         alone = list(torch.split(flat, sizes))
-        return alone if kind == "chunk-max" else [mean_vector(c).expand(len(c), -1) for c in alone]
-    if "documents" in whole:
-        return [v[None].expand(n, -1) for v, n in zip(whole["documents"], sizes)]
-    vectors = _encode(model, task.documents, batch_size)  # read as the model reads: truncated past its limit
-    return [v.expand(n, -1) for v, n in zip(vectors, sizes)]
+        return (alone if kind == "chunk-max" else [mean_vector(c).expand(len(c), -1) for c in alone]), None
+    if documents is None:
+        documents = list(_encode(model, task.documents, batch_size))  # as the model reads: truncated past its limit
+    return [v[None].expand(n, -1) for v, n in zip(documents, sizes)], None
 
 
 def _encode(model: Any, texts: list[str], batch_size: int) -> torch.Tensor:

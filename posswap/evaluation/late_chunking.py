@@ -59,37 +59,27 @@ def late_chunks(
 
     ``model``: a sentence-transformers model with mean pooling (late chunking is defined on mean pooling).
     """
-    _check_texts(model, texts, batch_size, long_documents)
+    return late_chunks_and_documents(model, texts, chunk_tokens, batch_size, chunks, long_documents)[0]
+
+
+def late_chunks_and_documents(
+    model: Any,
+    texts: list[str],
+    chunk_tokens: int | None = None,
+    batch_size: int = 8,
+    chunks: list[list[str]] | None = None,
+    long_documents: str = "refuse",
+) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    """:func:`late_chunks`, and each text's own embedding (``encode``'s) from the same pass: the mean of all its
+    token outputs is the pieces' means weighted by their token counts. None for a text read in windows (``encode``
+    would cut it; no pass read it whole). An evaluation that scores both reads each text once."""
+    pooling_at = _check_texts(model, texts, batch_size, long_documents)
     tokenizer = model.tokenizer
     encoded = [tokenizer(t, add_special_tokens=False, return_offsets_mapping=True, verbose=False) for t in texts]
     if chunks is not None:
         spans = pieces_as_spans(texts, chunks, encoded, chunk_tokens)
     else:
         spans = [_fixed_spans(len(e["input_ids"]), _chunk_size(chunk_tokens), _specials(tokenizer)) for e in encoded]
-    return late_chunks_and_documents(
-        model, texts, batch_size=batch_size, long_documents=long_documents, spans=spans, encoded=encoded
-    )[0]
-
-
-def late_chunks_and_documents(
-    model: Any,
-    texts: list[str],
-    chunks: list[list[str]] | None = None,
-    batch_size: int = 8,
-    long_documents: str = "windows",
-    *,
-    spans: list[list[Span]] | None = None,
-    encoded: list | None = None,
-) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
-    """:func:`late_chunks` of the user's pieces, and each text's own embedding (``encode``'s) from the same pass:
-    the mean of all its token outputs is the pieces' means weighted by their token counts. None for a text read in
-    windows (``encode`` would cut it; no pass read it whole). An evaluation that scores both reads each text once."""
-    pooling_at = _check_texts(model, texts, batch_size, long_documents)
-    if spans is None:
-        encoded = [
-            model.tokenizer(t, add_special_tokens=False, return_offsets_mapping=True, verbose=False) for t in texts
-        ]
-        spans = pieces_as_spans(texts, chunks, encoded, None)
     limit = _check_lengths(model, encoded, spans, long_documents)
     model.eval()  # as encode does: no dropout
     pieces, documents = [], []
@@ -97,9 +87,11 @@ def late_chunks_and_documents(
         for e, s in zip(encoded, spans):
             means, counts = _pool_text(model, e["input_ids"], s, limit, batch_size)
             pieces.append(after_pooling(model, pooling_at, means).detach().float().cpu())
+            if len(e["input_ids"]) > limit:
+                documents.append(None)
+                continue
             whole = (counts[:, None] * means).sum(dim=0, keepdim=True) / counts.sum()
-            fits = len(e["input_ids"]) <= limit
-            documents.append(after_pooling(model, pooling_at, whole)[0].detach().float().cpu() if fits else None)
+            documents.append(after_pooling(model, pooling_at, whole)[0].detach().float().cpu())
     return pieces, documents
 
 

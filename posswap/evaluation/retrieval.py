@@ -328,7 +328,7 @@ class Vectors:
 
     def __call__(self, model, task: RetrievalTask, kind: str, chunk: int = 0):
         """``kind``: queries, documents, chunks (each chunk embedded alone) or late (late chunks)."""
-        key = (id(model), task.length, kind, chunk)  # the models outlive the evaluation: ids stay theirs
+        key = _key(model, task, kind, chunk)
         if kind == "documents" and id(model) in self.late_chunk_of:
             self(model, task, "late", self.late_chunk_of[id(model)])  # leaves the documents where it read them whole
         if key not in self.memo:
@@ -340,11 +340,17 @@ class Vectors:
             return chunk_vectors(model, task.documents, chunk, self.batch_size)
         if kind == "late":  # the spans the stock chunks have, each pooled in the whole document (or a window)
             pieces = [split_into_pieces(model.tokenizer, text, chunk) for text in task.documents]
-            late, documents = late_chunks_and_documents(model, task.documents, pieces, self.batch_size, "windows")
+            late, documents = late_chunks_and_documents(
+                model, task.documents, batch_size=self.batch_size, chunks=pieces, long_documents="windows"
+            )
             if all(d is not None for d in documents):
-                self.memo[(id(model), task.length, "documents", 0)] = torch.stack(documents)
+                self.memo[_key(model, task, "documents")] = torch.stack(documents)
             return late
         return _encode(model, task.queries if kind == "queries" else task.documents, self.batch_size)
+
+
+def _key(model, task: RetrievalTask, kind: str, chunk: int = 0) -> tuple:
+    return (id(model), task.length, kind, chunk)  # the models outlive the evaluation: ids stay theirs
 
 
 def _evaluate_model(model, tasks: list[RetrievalTask], vectors: Vectors, steps, name: str) -> ModelRetrieval:
