@@ -93,8 +93,8 @@ def write_graph(model: nn.Module, native: nn.Module, tokenizer, path: Path) -> l
     ``model``'s run-time rule; dynamic batch and sequence length up to ``max_position_embeddings``. Returns the
     graph's input names."""
     block = getattr(model.config, CONFIG_KEY, None)
-    offset = find_sites(model).offset if isinstance(block, dict) else 0
-    graph = Graph(native, block, offset, output_name(model)).eval()
+    sites = find_sites(model)
+    graph = Graph(native, block, sites.offset if isinstance(block, dict) else 0, output_name(model)).eval()
     names = input_names(tokenizer)
     sample = tokenizer(["a b c d"] * 2, return_tensors="pt")  # no padding: GPT-2's tokenizer has no pad token
     batch, length = torch.export.Dim("batch"), torch.export.Dim("sequence", max=model.config.max_position_embeddings)
@@ -112,6 +112,6 @@ def write_graph(model: nn.Module, native: nn.Module, tokenizer, path: Path) -> l
             verbose=False,
         )
     program.save(str(path))
-    if not model.config.is_decoder and model.config.model_type.removeprefix("posswap-") != "gpt2":
+    if not sites.arch.causal:  # a decoder's causal Attention node stays as the exporter wrote it
         use_multi_head_attention(path, model.config.num_attention_heads)
     return names

@@ -1,6 +1,7 @@
 """interpolate's ``exact_short_inputs`` (E5-Base-4k's placement): an input within the original length gives the
 stock model's outputs, decided per row of a padded batch; a longer one reads the stride table from position 0;
-saved folders carry the code that does it; decoders, other modes and uneven lengths are refused."""
+saved folders carry the code that does it; decoders, other modes and uneven lengths are refused. With
+``stride_per_length`` a longer input is read at the widest whole step its length leaves room for."""
 
 from __future__ import annotations
 
@@ -12,10 +13,14 @@ import torch
 from conftest import MODELS, OLD_LENGTH, make_model, outputs, reload_and_compare, sharpen_qk, token_ids
 
 import posswap
+from posswap.portable.posswap_placement import explicit_position_ids, short_input_position_ids
 
 NEW_LENGTH = 4 * OLD_LENGTH
 EXACT = posswap.InterpolateConfig(max_length=NEW_LENGTH, mode="stride", exact_short_inputs=True)
 STRIDE = posswap.InterpolateConfig(max_length=NEW_LENGTH, mode="stride")
+PER_LENGTH = posswap.InterpolateConfig(
+    max_length=NEW_LENGTH, mode="stride", exact_short_inputs=True, stride_per_length=True
+)
 ENCODERS = [(model_type, head) for model_type, head in MODELS if model_type != "gpt2"]
 ENCODER_IDS = [head for _, head in ENCODERS]
 
@@ -143,6 +148,46 @@ def test_refused_before_anything_changes(model_type, head, config, message):
         posswap.patch(model, config)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert getattr(model.config, "posswap", None) is None
+
+
+# Real tokens -> the step a row is read at, by hand for 32 -> 128 rows (k = 4): 128 // n, at least 1, at most 4.
+HAND_STEPS = {5: 4, 32: 4, 33: 3, 42: 3, 43: 2, 64: 2, 65: 1, 128: 1}
+
+
+@pytest.mark.parametrize("offset,pad", [(0, 0), (2, 1)], ids=["bert", "roberta"])
+def test_per_length_steps_by_hand(offset, pad):
+    block = {**PER_LENGTH.to_dict(), "original_length": OLD_LENGTH}
+    lengths = list(HAND_STEPS)
+    tokens, mask = torch.full((len(lengths), NEW_LENGTH), pad), torch.zeros(len(lengths), NEW_LENGTH, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        tokens[row, :n], mask[row, :n] = 7, 1
+    ids = short_input_position_ids(tokens, mask, block, offset, NEW_LENGTH + offset, pad_token_id=pad)
+    for row, n in enumerate(lengths):
+        assert ids[row, :n].tolist() == [offset + HAND_STEPS[n] * i for i in range(n)], n
+    # The caller's ids: a row of two packed texts reaching 41 (42 tokens' room) reads them at steps of 3, a row
+    # reaching 65 as given.
+    given = torch.stack([torch.cat([torch.arange(20), torch.arange(42)]), torch.arange(62) + 4]) + offset
+    placed = explicit_position_ids(given, tokens[:2, :62], None, block, offset)
+    assert placed.tolist() == [[offset + 3 * (i - offset) for i in given[0].tolist()], given[1].tolist()]
+
+
+def test_per_length_model_reads_the_stride_table_at_its_step(tmp_path):
+    stock, _, stride = stock_and_patched("bert", "BertForMaskedLM")
+    per_length = posswap.patch(copy.deepcopy(stock), PER_LENGTH)
+    short = token_ids(OLD_LENGTH)
+    torch.testing.assert_close(outputs(per_length, short), outputs(stock, short), atol=1e-5, rtol=0)
+    ids = token_ids(50)  # 128 // 50 = 2: the stride table at positions 0, 2, 4, ...
+    expected = stride(input_ids=ids, position_ids=torch.arange(50)[None] * 2).logits
+    torch.testing.assert_close(outputs(per_length, ids), expected, atol=1e-5, rtol=0)
+    assert (outputs(per_length, ids) - outputs(stride, ids)).abs().max() > 1e-3  # not the plain placement
+    loaded = reload_and_compare(per_length, tmp_path, 50)
+    assert json.loads((tmp_path / "config.json").read_text())["posswap"]["stride_per_length"] is True
+    torch.testing.assert_close(outputs(loaded, ids), expected, atol=1e-5, rtol=0)
+
+
+def test_per_length_needs_exact_short_inputs():
+    with pytest.raises(ValueError, match="stride_per_length needs exact_short_inputs"):
+        posswap.InterpolateConfig(max_length=NEW_LENGTH, mode="stride", stride_per_length=True)
 
 
 def test_needs_the_stride_mode():

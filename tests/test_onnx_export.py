@@ -101,18 +101,18 @@ def test_the_int8_graph_stays_close(exported):
     assert size("model_qint8.onnx") < 0.7 * size("model.onnx")  # the token table (half the weights) stays float
 
 
-def test_a_transformers_folder_exports_in_optimums_layout(bases, tmp_path):
-    config = posswap.InterpolateConfig(max_length=128, mode="stride", exact_short_inputs=True)
+@pytest.mark.parametrize("per_length", ["false", "true"])
+def test_a_transformers_folder_exports_in_optimums_layout(bases, tmp_path, per_length):
     source = tmp_path / "patched"
     assert main(["patch", str(bases / "bert"), "--method", "interpolate", "--max-length", "128", "--mode", "stride",
-                 "--exact-short-inputs", "true", "--out", str(source)]) == 0  # fmt: skip
+                 "--exact-short-inputs", "true", "--stride-per-length", per_length, "--out", str(source)]) == 0  # fmt: skip
     assert main(["export", str(source), "--format", "onnx", "--out", str(tmp_path / "out")]) == 0
     import onnxruntime
 
     model = posswap.from_pretrained(str(source)).eval()
-    assert model.config.posswap["exact_short_inputs"] == config.exact_short_inputs
+    assert model.config.posswap["stride_per_length"] == (per_length == "true")
     session = onnxruntime.InferenceSession(str(tmp_path / "out" / "model.onnx"), providers=["CPUExecutionProvider"])
-    for length in (20, 100):  # within the old 32 positions, and past them
+    for length in (20, 50, 100):  # within the old 32 positions, and past them (read at steps of 2 per length)
         ids = torch.randint(1000, 5000, (1, length), generator=torch.Generator().manual_seed(length))
         feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
         with torch.no_grad():
@@ -142,3 +142,22 @@ def test_int8_without_onnx_is_refused(bases, tmp_path, capsys):
     assert main(["export", str(bases / "bert"), "--int8", "--out", str(tmp_path / "out")]) == 2
     assert "--int8 quantises an ONNX graph: add --format onnx" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_resized_gpt2_exports_with_the_torch_models_logits(bases, tmp_path):
+    """A decoder whose patch only changed weights (interpolate copy): the graph is the plain GPT-2's."""
+    source = tmp_path / "patched"
+    assert main(["patch", str(bases / "gpt2"), "--method", "interpolate", "--max-length", "64", "--out", str(source)]) == 0
+    assert main(["export", str(source), "--format", "onnx", "--out", str(tmp_path / "out")]) == 0
+    import onnxruntime
+
+    model = posswap.from_pretrained(str(source)).eval()
+    session = onnxruntime.InferenceSession(str(tmp_path / "out" / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["input_ids", "attention_mask"]
+    for length in (20, 50):  # within the old 32 positions, and past them
+        ids = torch.randint(100, 5000, (2, length), generator=torch.Generator().manual_seed(length))
+        feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        with torch.no_grad():
+            expected = model(**feed).logits
+        got = session.run(None, {name: tensor.numpy() for name, tensor in feed.items()})[0]
+        torch.testing.assert_close(torch.from_numpy(got), expected, atol=1e-4, rtol=1e-4)

@@ -9,6 +9,7 @@ METHOD_OPTIONS = {
         "max_length": "Number of tokens the patched model reads (its new context length).",
         "mode": "How the learned table grows to max_length: copy (tile the old rows, Longformer), linear or cubic (resample it: position interpolation), stride (old row i at position k*i, k = max_length // old, the rows between interpolated: LongEmbed's E5-Base-4k).",
         "exact_short_inputs": "With mode stride, an input within the original length reads exactly the original rows (its position ids multiplied by k, as E5-Base-4k; explicit position_ids too, where a row's all lie within the original length), so the patched model gives it the original's outputs. Encoders only; saved folders then carry posswap's code.",
+        "stride_per_length": "With exact_short_inputs, an input longer than the original length is read at the widest whole step its length leaves room for (max_length // its tokens, at most k) instead of every position: a 1024-token input of a 2048-token model at every second position, so each old row spans k tokens at every length. Explicit position_ids too, by their largest.",
     },
     "rope": {
         "max_length": "Number of tokens the patched model reads (its new context length).",

@@ -46,6 +46,17 @@ class InterpolateConfig(PositionConfig):
         },
     )
 
+    stride_per_length: bool = field(
+        default=False,
+        metadata={
+            "help": "With exact_short_inputs, an input longer than the original length is read at the widest whole "
+            "step its length leaves room for (max_length // its tokens, at most k) instead of every position: a "
+            "1024-token input of a 2048-token model at every second position, so each old row spans k tokens at "
+            "every length. Explicit position_ids too, by their largest.",
+            "rule": check_rule("stride_per_length_problem", optional=True),  # portable/posswap_interpolate.py
+        },
+    )
+
     def bytes_per_row(self, sites: Sites) -> int:
         return resampled_table_bytes_per_row(sites)  # the table resized to max_length
 

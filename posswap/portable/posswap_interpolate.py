@@ -30,6 +30,15 @@ def exact_short_inputs_problem(value, block: dict) -> str | None:
     return None
 
 
+@block_check
+def stride_per_length_problem(value, block: dict) -> str | None:
+    if not isinstance(value, bool):
+        return "must be true or false"
+    if value and not block.get("exact_short_inputs"):
+        return "needs exact_short_inputs (the placement that reads an input's position ids at a step)"
+    return None
+
+
 def learned_map(model: nn.Module, sites: Sites, positions: torch.Tensor) -> tuple[torch.Tensor, str]:
     """The learned table's rows at ``positions``: the cosine of each pair."""
     rows = sites.table.weight.detach()[sites.offset : sites.offset + sites.max_length].cpu()

@@ -8,6 +8,10 @@ attention mask (its real tokens), so padding a short text beside a long one does
 ``position_ids`` (packing, a caller's own numbering) are placed the same way: a row whose ids all lie within the
 original length (those of its real tokens) reads old row i at k * i, as the original model reads position i.
 
+With ``stride_per_length`` a longer row is read at the widest whole step its length leaves room for,
+``max_length // n`` for n real tokens (at most k): a 1024-token input of a 2048-token model at every second
+position, where the plain rule reads it at every position (each old row then covers k tokens at every length).
+
 It travels with saved models (``posswap/portable``), so it imports nothing from posswap.
 """
 
@@ -25,7 +29,8 @@ def short_input_position_ids(
     tokens: torch.Tensor, attention_mask, block: dict, offset: int, rows: int, pad_token_id=None
 ) -> torch.Tensor:
     """(batch, length) position ids: the stock model's, with the position counted from the first token multiplied
-    by k in a row of at most ``original_length`` real tokens. ``tokens``: the input ids, or the input embeddings.
+    by k in a row of at most ``original_length`` real tokens (by the row's step, :func:`row_steps`, in every row
+    with ``stride_per_length``). ``tokens``: the input ids, or the input embeddings.
 
     Counted as the stock model counts: BERT's family from the first token, pads included; RoBERTa's
     (``offset`` > 0, its padding rows) over real tokens only, pads reading the padding row ``pad_token_id``.
@@ -33,7 +38,6 @@ def short_input_position_ids(
     outputs are masked)."""
     batch, length = tokens.shape[:2]
     device = tokens.device
-    stride = block["max_length"] // block["original_length"]
     steps = torch.arange(length, device=device).expand(batch, length)
     pads = None
     if offset and not tokens.is_floating_point() and pad_token_id is not None:
@@ -43,15 +47,25 @@ def short_input_position_ids(
         real_tokens = attention_mask.to(device).long().sum(-1)
     else:  # no mask (or a prepared 4-d one): every token that is not a pad is real
         real_tokens = torch.full((batch,), length, device=device) if pads is None else (~pads).sum(-1)
-    short = (real_tokens <= block["original_length"])[:, None]
-    ids = (torch.where(short, steps * stride, steps) + offset).clamp(max=rows - 1)
+    ids = (steps * row_steps(real_tokens, block)[:, None] + offset).clamp(max=rows - 1)
     return ids if pads is None else ids.masked_fill(pads, pad_token_id)
+
+
+def row_steps(real_tokens: torch.Tensor, block: dict) -> torch.Tensor:
+    """(batch,) the step between two tokens' positions in a row of ``real_tokens`` tokens: k within the original
+    length, beyond it 1, or with ``stride_per_length`` the widest whole step that stays within ``max_length``."""
+    stride = block["max_length"] // block["original_length"]
+    if block.get("stride_per_length"):
+        real_tokens = real_tokens.clamp(min=1)  # a tensor numerator: the ONNX exporter has no int // tensor
+        return (torch.full_like(real_tokens, block["max_length"]) // real_tokens).clamp(min=1, max=stride)
+    return torch.where(real_tokens <= block["original_length"], stride, 1)
 
 
 def explicit_position_ids(position_ids, tokens: torch.Tensor, attention_mask, block: dict, offset: int):
     """The caller's ``position_ids`` placed: in a row whose ids (of its real tokens) are all within
     ``original_length``, id ``offset + i`` becomes ``offset + k * i``, the old row the original model reads at
-    ``i``; a row reaching further reads the table as it is. None where the ids are not a (batch or 1, length)
+    ``i``; a row reaching further reads the table as it is (with ``stride_per_length``, id ``offset + i`` becomes
+    ``offset + s * i``, s the step of a row of its reach + 1 tokens). None where the ids are not a (batch or 1, length)
     integer tensor of the input's length: the length guard refuses those, naming them."""
     batch, length = tokens.shape[:2]
     if not isinstance(position_ids, torch.Tensor) or position_ids.is_floating_point() or position_ids.is_complex():
@@ -61,7 +75,7 @@ def explicit_position_ids(position_ids, tokens: torch.Tensor, attention_mask, bl
     ids = position_ids if position_ids.dim() == 2 else position_ids[None]
     if ids.shape[0] not in (1, batch):
         return None
-    steps, original = ids - offset, block["original_length"]
+    steps = ids - offset
     counted = steps >= 0  # RoBERTa's padding rows (ids below the offset) are no position
     if (
         isinstance(attention_mask, torch.Tensor)
@@ -70,9 +84,9 @@ def explicit_position_ids(position_ids, tokens: torch.Tensor, attention_mask, bl
     ):
         counted = counted & attention_mask.to(ids.device).bool()  # each row of the batch by its own real tokens
     reach = torch.where(counted, steps, torch.zeros_like(steps)).amax(-1, keepdim=True)
-    placed = (reach < original) & (steps >= 0) & (steps < original)  # a pad past the original length stays
-    stride = block["max_length"] // original
-    return torch.where(placed, offset + steps * stride, ids)
+    step = row_steps(reach + 1, block)
+    placed = (steps >= 0) & (steps * step < block["max_length"])  # a pad numbered past the table stays
+    return torch.where(placed, offset + steps * step, ids)
 
 
 class ShortInputPositions:

@@ -7,6 +7,7 @@ SCHEMA = {
     "interpolate": {
         "mode": {"kind": "choice", "choices": ("copy", "linear", "cubic", "stride")},
         "exact_short_inputs": {"kind": "check", "name": "exact_short_inputs_problem"},
+        "stride_per_length": {"kind": "check", "name": "stride_per_length_problem", "optional": True},
     },
     "rope": {
         "theta": {"kind": "number", "above": 1},
