@@ -147,7 +147,9 @@ def test_int8_without_onnx_is_refused(bases, tmp_path, capsys):
 def test_a_resized_gpt2_exports_with_the_torch_models_logits(bases, tmp_path):
     """A decoder whose patch only changed weights (interpolate copy): the graph is the plain GPT-2's."""
     source = tmp_path / "patched"
-    assert main(["patch", str(bases / "gpt2"), "--method", "interpolate", "--max-length", "64", "--out", str(source)]) == 0
+    assert (
+        main(["patch", str(bases / "gpt2"), "--method", "interpolate", "--max-length", "64", "--out", str(source)]) == 0
+    )
     assert main(["export", str(source), "--format", "onnx", "--out", str(tmp_path / "out")]) == 0
     import onnxruntime
 
