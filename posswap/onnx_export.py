@@ -113,12 +113,14 @@ def _write_config(native: nn.Module, model: nn.Module, path: Path, graph: Path) 
 
 def probe_batches(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(ids, mask) pairs: short and longer single rows, and a padded batch of a short row beside a long one. With
-    ``exact_short_inputs`` the lengths straddle the original length, where the rule in the graph switches."""
+    ``exact_short_inputs`` the lengths straddle the original length, where the rule in the graph switches (and with
+    ``stride_per_length`` half the table, past which a row steps by one)."""
     c = model.config
     block = getattr(c, CONFIG_KEY, None) or {}
     longest = c.max_position_embeddings
     edge = block.get("original_length", 64) if block.get("exact_short_inputs") else 64
-    lengths = sorted({min(n, longest) for n in (8, edge, edge + 8)})
+    halfway = [longest // 2 + 8] if block.get("stride_per_length") else []
+    lengths = sorted({min(n, longest) for n in (8, edge, edge + 8, *halfway)})
     generator = torch.Generator().manual_seed(0)
     ids = lambda n: torch.randint(1000, c.vocab_size, (1, n), generator=generator)  # noqa: E731  (no special ids)
     batches = [(row, torch.ones_like(row)) for row in map(ids, lengths)]

@@ -10,7 +10,8 @@ each run folder. A block sits between ``<!-- posswap:context-NAME -->`` and ``<!
 ``summary`` (per length: the stock model's chunks, the untrained patch's late chunks (from ``untrained.json`` where
 the run did not score them), the recipe's late chunks and one vector; then the verdict), ``parity`` (late chunks
 against the stock chunks on passkey and needle), ``placement`` (the shipped run against the changes tried: the runs
-of ``history/`` with a ``changes.diff``).
+of ``history/`` with a ``changes.diff``). The summary adds a line for each ``task-seed-N/RUN`` (``posswap eval ...
+--seed N``: a task seed nothing was chosen on).
 """
 
 from __future__ import annotations
@@ -69,10 +70,9 @@ def summary_block(run: Path) -> list[str]:
         cells = [cell(r["accuracy"][i], r["stderr"][i]) for r in rows]
         cells += [cell(r["fact_accuracy"][i], r["fact_stderr"][i]) for r in rows[:3]]
         lines.append(f"| {length} | " + " | ".join(cells) + " |")
-    recipe = named["late (recipe)"].removesuffix(" late chunks")
     lines += [
         "",
-        f"Context retrieval ({recipe}; {context['documents']} documents a length, two questions each, chunks of at "
+        f"Context retrieval ({run.name}; {context['documents']} documents a length, two questions each, chunks of at "
         f"most {context['chunk_tokens']} tokens, seed {context['seed']}): accuracy at 1 ± standard error; *all "
         "chunks*: the fact's chunk first among every chunk of every document; *facts*: among the chunks that answer "
         f"the same question (chance {context['settings']['chance']['fact_accuracy'][0]:.2f}).",
@@ -146,6 +146,22 @@ def seeds_line(found: list[Path]) -> str:
     return "The recipe's late chunks over its trained seeds (mean ± sd, all chunks): " + "; ".join(cells) + "."
 
 
+def untouched_lines(root: Path) -> list[str]:
+    """The recipe's late chunks on task seeds nothing was chosen on (``task-seed-N/RUN``), one line each."""
+    lines = []
+    for run in sorted(root.glob("task-seed-*/*")):
+        context = load(run / "context" / "context.json")
+        late = [r for r in context["rows"] if r.endswith(" late chunks")][-1]
+        row = context["rows"][late]
+        cells = [f"{n}: {cell(a, e)}" for n, a, e in zip(context["lengths"], row["accuracy"], row["stderr"])]
+        lines += [
+            "",
+            f"On task seed {context['seed']} (documents, subjects and facts no choice was made on), {run.name}'s "
+            f"late chunks (all chunks): " + "; ".join(cells) + ".",
+        ]
+    return lines
+
+
 def placement_block(run: Path, tried: list[Path]) -> list[str]:
     """The shipped run against the changes tried in ``history/`` (the runs with a ``changes.diff``): late
     chunks on the context task per length, and on needle at its longest length beside the stock chunks."""
@@ -187,7 +203,7 @@ def blocks(root: Path) -> dict[str, list[str]]:
     history = runs(root / "history") if (root / "history").is_dir() else []
     tried = [r for r in history if (r / "changes.diff").is_file()]  # a change to the recipe or placement, tried
     return {
-        "summary": summary_block(run) + ["", seeds_line(found)],
+        "summary": summary_block(run) + ["", seeds_line(found)] + untouched_lines(root),
         "parity": parity_block(run),
         "placement": placement_block(run, tried),
     }
