@@ -101,11 +101,12 @@ def retrieval_columns(models: dict) -> tuple[str, str, str]:
     return stock, late, late.split(" late-chunk-max@")[0]
 
 
-def parity_block(run: Path) -> list[str]:
-    """Per task and length: the stock model's chunk-max, the recipe's late-chunk-max and its one vector."""
+def parity_block(run: Path, seeds: list[Path]) -> list[str]:
+    """Per task and length: the stock model's chunk-max, the recipe's late-chunk-max and its one vector (``run``),
+    then late-chunk-max minus the stock chunk-max and the one vector of every trained seed (``seeds``)."""
     lines = [
-        "| task | tokens | stock chunk-max | late-chunk-max | one vector | late - stock |",
-        "|---|---|---|---|---|---|",
+        "| task | tokens | stock chunk-max | late-chunk-max | one vector | late - stock, each seed | one vector, each seed |",
+        "|---|---|---|---|---|---|---|",
     ]
     for task in ("passkey", "needle"):
         path = run / task / "retrieval.json"
@@ -113,16 +114,24 @@ def parity_block(run: Path) -> list[str]:
             continue
         data = load(path)
         models = data["models"]
-        stock, late, vector = retrieval_columns(models)
+        each = [load(r / task / "retrieval.json")["models"] for r in seeds]
         for i, length in enumerate(data["lengths"]):
-            s, lt, v = (models[n]["accuracy"][i] for n in (stock, late, vector))
-            errors = (models[n]["stderr"][i] for n in (stock, late, vector))
-            cells = [cell(a, e) for a, e in zip((s, lt, v), errors)]
-            lines.append(f"| {task} | {length} | " + " | ".join(cells) + f" | {lt - s:+.2f} |")
+            columns = retrieval_columns(models)
+            cells = [cell(models[n]["accuracy"][i], models[n]["stderr"][i]) for n in columns]
+            gaps, vectors = [], []
+            for seed in each:
+                stock, late, vector = retrieval_columns(seed)
+                gaps.append(f"{seed[late]['accuracy'][i] - seed[stock]['accuracy'][i]:+.2f}")
+                vectors.append(f"{seed[vector]['accuracy'][i]:.2f}")
+            lines.append(
+                f"| {task} | {length} | " + " | ".join(cells) + f" | {' / '.join(gaps)} | {' / '.join(vectors)} |"
+            )
     lines += [
         "",
-        f"{run.name}, one training seed: accuracy at 1 ± standard error, 100 documents per length; chunks of the "
-        "stock model's 256 tokens (late-chunk-max pools the same spans in the whole document).",
+        f"{run.name}: accuracy at 1 ± standard error, 100 documents per length; chunks of the stock model's 256 "
+        "tokens (late-chunk-max pools the same spans in the whole document). Each seed: "
+        + ", ".join(r.name for r in seeds)
+        + ".",
     ]
     return lines
 
@@ -204,7 +213,7 @@ def blocks(root: Path) -> dict[str, list[str]]:
     tried = [r for r in history if (r / "changes.diff").is_file()]  # a change to the recipe or placement, tried
     return {
         "summary": summary_block(run) + ["", seeds_line(found)] + untouched_lines(root),
-        "parity": parity_block(run),
+        "parity": parity_block(run, complete),
         "placement": placement_block(run, tried),
     }
 
