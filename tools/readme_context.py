@@ -171,10 +171,10 @@ def untouched_lines(root: Path) -> list[str]:
     return lines
 
 
-def placement_block(run: Path, tried: list[Path]) -> list[str]:
-    """The shipped run against the changes tried in ``history/`` (the runs with a ``changes.diff``): late
-    chunks on the context task per length, and on needle at its longest length beside the stock chunks."""
-    shown = [run] + tried
+def placement_block(seeds: list[Path], tried: list[Path]) -> list[str]:
+    """The shipped recipe's runs (each seed) against the changes tried in ``history/`` (the runs with a
+    ``changes.diff``): late chunks on the context task per length, needle and passkey at the two longest lengths."""
+    shown = seeds + tried
     contexts = [load(r / "context" / "context.json") for r in shown]
     lengths = contexts[0]["lengths"]
     heads = [f"context {n}" for n in lengths] + ["needle: late - stock chunks", "passkey: one vector"]
@@ -214,7 +214,7 @@ def blocks(root: Path) -> dict[str, list[str]]:
     return {
         "summary": summary_block(run) + ["", seeds_line(found)] + untouched_lines(root),
         "parity": parity_block(run, complete),
-        "placement": placement_block(run, tried),
+        "placement": placement_block(complete, tried),
     }
 
 
