@@ -115,9 +115,9 @@ def parity_block(run: Path, seeds: list[Path]) -> list[str]:
         data = load(path)
         models = data["models"]
         each = [load(r / task / "retrieval.json")["models"] for r in seeds]
+        shown = retrieval_columns(models)
         for i, length in enumerate(data["lengths"]):
-            columns = retrieval_columns(models)
-            cells = [cell(models[n]["accuracy"][i], models[n]["stderr"][i]) for n in columns]
+            cells = [cell(models[n]["accuracy"][i], models[n]["stderr"][i]) for n in shown]
             gaps, vectors = [], []
             for seed in each:
                 stock, late, vector = retrieval_columns(seed)
