@@ -34,6 +34,12 @@ def runs(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if (p / "context" / "context.json").is_file())
 
 
+def recipe_late_row(context: dict) -> str:
+    """The context.json row of the recipe's late chunks: the last model's (the stock model and the untrained patch
+    come first)."""
+    return [r for r in context["rows"] if r.endswith(" late chunks")][-1]
+
+
 def cell(value: float, error: float) -> str:
     return f"{value:.2f} ± {error:.2f}"
 
@@ -101,6 +107,11 @@ def retrieval_columns(models: dict) -> tuple[str, str, str]:
     return stock, late, late.split(" late-chunk-max@")[0]
 
 
+def stock_chunk_tokens(models: dict) -> str:
+    """The stock chunks' size, from the column's name ("minilm chunk-max@256")."""
+    return retrieval_columns(models)[0].split("@")[-1]
+
+
 def parity_block(run: Path, seeds: list[Path]) -> list[str]:
     """Per task and length: the stock model's chunk-max, the recipe's late-chunk-max and its one vector (``run``),
     then late-chunk-max minus the stock chunk-max and the one vector of every trained seed (``seeds``)."""
@@ -128,10 +139,9 @@ def parity_block(run: Path, seeds: list[Path]) -> list[str]:
             )
     lines += [
         "",
-        f"{run.name}: accuracy at 1 ± standard error, 100 documents per length; chunks of the stock model's 256 "
-        "tokens (late-chunk-max pools the same spans in the whole document). Each seed: "
-        + ", ".join(r.name for r in seeds)
-        + ".",
+        f"{run.name}: accuracy at 1 ± standard error, {data['documents']} documents per length; chunks of the stock "
+        f"model's {stock_chunk_tokens(data['models'])} tokens (late-chunk-max pools the same spans in the whole "
+        "document). Each seed: " + ", ".join(r.name for r in seeds) + ".",
     ]
     return lines
 
@@ -143,7 +153,7 @@ def seeds_line(found: list[Path]) -> str:
     per_length: dict[int, list[float]] = {}
     for run in found:
         context = load(run / "context" / "context.json")
-        row = [r for r in context["rows"] if r.endswith(" late chunks")][-1]
+        row = recipe_late_row(context)
         for length, value in zip(context["lengths"], context["rows"][row]["accuracy"]):
             per_length.setdefault(length, []).append(value)
     cells = [
@@ -158,10 +168,9 @@ def seeds_line(found: list[Path]) -> str:
 def untouched_lines(root: Path) -> list[str]:
     """The recipe's late chunks on task seeds nothing was chosen on (``task-seed-N/RUN``), one line each."""
     lines = []
-    for run in sorted(root.glob("task-seed-*/*")):
+    for run in [r for folder in sorted(root.glob("task-seed-*")) for r in runs(folder)]:
         context = load(run / "context" / "context.json")
-        late = [r for r in context["rows"] if r.endswith(" late chunks")][-1]
-        row = context["rows"][late]
+        row = context["rows"][recipe_late_row(context)]
         cells = [f"{n}: {cell(a, e)}" for n, a, e in zip(context["lengths"], row["accuracy"], row["stderr"])]
         lines += [
             "",
@@ -180,8 +189,7 @@ def placement_block(seeds: list[Path], tried: list[Path]) -> list[str]:
     heads = [f"context {n}" for n in lengths] + ["needle: late - stock chunks", "passkey: one vector"]
     lines = [f"| run | {' | '.join(heads)} |", "|---|" + "---|" * len(heads)]
     for r, context in zip(shown, contexts):
-        late = [name for name in context["rows"] if name.endswith(" late chunks")][-1]
-        cells = [f"{v:.2f}" for v in context["rows"][late]["accuracy"]]
+        cells = [f"{v:.2f}" for v in context["rows"][recipe_late_row(context)]["accuracy"]]
         for task in ("needle", "passkey"):
             path = r / task / "retrieval.json"
             if not path.is_file():
@@ -195,10 +203,13 @@ def placement_block(seeds: list[Path], tried: list[Path]) -> list[str]:
             else:
                 cells.append(" / ".join(f"{a:.2f}" for a in models[vector]["accuracy"][-2:]))
         lines.append(f"| {r.name} | " + " | ".join(cells) + " |")
+    first = load(seeds[0] / "needle" / "retrieval.json")
     lines += [
         "",
-        "Late chunks, accuracy at 1 among all chunks (context, task seed 0, 100 documents a length); needle: the late "
-        "chunks' best chunk minus the stock model's 256-token chunks, and passkey: one vector, at 1024 / 2048 tokens.",
+        f"Late chunks, accuracy at 1 among all chunks (context, task seed {contexts[0]['seed']}, "
+        f"{contexts[0]['documents']} documents a length); needle: the late chunks' best chunk minus the stock model's "
+        f"{stock_chunk_tokens(first['models'])}-token chunks, and passkey: one vector, at "
+        f"{' / '.join(map(str, first['lengths'][-2:]))} tokens.",
     ]
     return lines
 
