@@ -11,6 +11,9 @@ check their inputs in Python, which ``torch.export`` cannot trace.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import warnings
 from pathlib import Path
 
 import torch
@@ -88,6 +91,22 @@ def input_names(tokenizer) -> list[str]:
     return names + (["token_type_ids"] if "token_type_ids" in tokenizer.model_input_names else [])
 
 
+@contextlib.contextmanager
+def quiet_exporter():
+    """torch's exporter talks about what a user can do nothing about (torchvision's absent ops, dynamic axes it
+    merged, a deprecated pytree class): kept out of ``posswap export``'s output. Errors still raise."""
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.onnx")
+            warnings.filterwarnings("ignore", message=r".*LeafSpec", category=FutureWarning)
+            yield
+    finally:
+        logger.setLevel(level)
+
+
 def write_graph(model: nn.Module, native: nn.Module, tokenizer, path: Path) -> list[str]:
     """Export ``native`` (:func:`native_model` of ``model``, checked with :func:`onnx_refusal`) to ``path`` with
     ``model``'s run-time rule; dynamic batch and sequence length up to ``max_position_embeddings``. Returns the
@@ -99,7 +118,7 @@ def write_graph(model: nn.Module, native: nn.Module, tokenizer, path: Path) -> l
     sample = tokenizer(["a b c d"] * 2, return_tensors="pt")  # no padding: GPT-2's tokenizer has no pad token
     batch, length = torch.export.Dim("batch"), torch.export.Dim("sequence", max=model.config.max_position_embeddings)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with torch.no_grad():
+    with torch.no_grad(), quiet_exporter():
         program = torch.onnx.export(
             graph,
             tuple(sample[name] for name in names),

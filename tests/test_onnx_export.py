@@ -46,6 +46,7 @@ def exported(tmp_path_factory, minilm_path):
     texts = list(TEXTS.values())
     return {
         "result": result,
+        "patched": root / "patched",
         "out": root / "out",
         "torch": patched.encode(texts, batch_size=1),
         "stock": stock.encode(texts[:1]),
@@ -99,6 +100,30 @@ def test_the_int8_graph_stays_close(exported):
     assert cosines(int8, exported["torch"]).min() >= 0.98
     size = lambda name: (exported["out"] / "onnx" / name).stat().st_size  # noqa: E731
     assert size("model_qint8.onnx") < 0.7 * size("model.onnx")  # the token table (half the weights) stays float
+
+
+def test_a_sentence_transformer_on_the_graph_gives_the_torch_late_chunks(exported):
+    """What the int8 retrieval figures are measured with: the model's tokenizer and pooling around the graph."""
+    from posswap.onnx_backed import with_onnx_graph
+
+    torch_model = posswap.from_pretrained(str(exported["patched"]), device="cpu")
+    on_graph = with_onnx_graph(
+        posswap.from_pretrained(str(exported["patched"]), device="cpu"), exported["out"] / "onnx/model.onnx"
+    )
+    text = [TEXTS[1400]]
+    assert cosines(on_graph.encode(text), exported["torch"][3:]).min() >= 0.9999
+    expected = posswap.late_chunks(torch_model, text, chunk_tokens=128)[0]
+    got = posswap.late_chunks(on_graph, text, chunk_tokens=128)[0]
+    assert len(got) == len(expected) > 8 and cosines(got, expected).min() >= 0.9999
+    int8 = with_onnx_graph(torch_model, exported["out"] / "onnx/model_qint8.onnx")
+    assert 0.95 <= cosines(posswap.late_chunks(int8, text, chunk_tokens=128)[0], expected).min() < 0.9999
+
+
+def test_a_missing_graph_is_refused(exported, tmp_path):
+    from posswap.onnx_backed import with_onnx_graph
+
+    with pytest.raises(ValueError, match="graph: no file"):
+        with_onnx_graph(posswap.from_pretrained(str(exported["patched"]), device="cpu"), tmp_path / "none.onnx")
 
 
 @pytest.mark.parametrize("per_length", ["false", "true"])

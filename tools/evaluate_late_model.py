@@ -7,6 +7,8 @@ Writes ``OUT/context``, ``OUT/needle`` and ``OUT/passkey`` (each task's results)
 task's wall seconds, the threads, and the machine's load average when it ended (a shared machine's time says so).
 ``--tasks context`` evaluates one task; its time goes to ``OUT/eval_time-context.json``. ``--seed 7`` builds the
 tasks' documents from another seed (the default is each task's own, 0): the figures of a seed nothing was chosen on.
+``--onnx GRAPH`` scores an export of MODEL (``posswap export MODEL --format onnx [--int8]``) instead: the same tasks
+in this process, MODEL's tokenizer and pooling around the graph (:func:`posswap.onnx_backed.with_onnx_graph`).
 """
 
 from __future__ import annotations
@@ -33,15 +35,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
     parser.add_argument("--stock", default="posswap:minilm", help="the stock model, first in every task")
     parser.add_argument("--seed", type=int, help="the tasks' seed (documents, facts, keys); default each task's own")
+    parser.add_argument("--onnx", type=Path, help="score this exported graph of MODEL (e.g. OUT/onnx/model_qint8.onnx)")
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        help="with --onnx: MODEL's own results folder (same tasks and seed), for the docs' table",
+    )
     args = parser.parse_args(argv)
-    seeded = [] if args.seed is None else ["--seed", str(args.seed)]
-    seconds = {}
-    for task in args.tasks:
-        command = ["posswap", "eval", args.stock, args.model, *TASKS[task], *seeded, "--out", str(args.out / task)]
-        print("$", " ".join(command), flush=True)
-        start = time.monotonic()
-        subprocess.run(command, check=True)
-        seconds[f"{task}_seconds"] = round(time.monotonic() - start)
+    seconds = run_in_process(args) if args.onnx else run_commands(args)
     record = {
         **seconds,
         "total_seconds": sum(seconds.values()),
@@ -53,6 +54,49 @@ def main(argv: list[str] | None = None) -> None:
     name = "eval_time.json" if set(args.tasks) == set(TASKS) else f"eval_time-{'-'.join(args.tasks)}.json"
     (args.out / name).write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(record))
+
+
+def run_commands(args) -> dict[str, int]:
+    """Each task through ``posswap eval``, as a user runs it; the wall seconds of each."""
+    seeded = [] if args.seed is None else ["--seed", str(args.seed)]
+    seconds = {}
+    for task in args.tasks:
+        command = ["posswap", "eval", args.stock, args.model, *TASKS[task], *seeded, "--out", str(args.out / task)]
+        print("$", " ".join(command), flush=True)
+        start = time.monotonic()
+        subprocess.run(command, check=True)
+        seconds[f"{task}_seconds"] = round(time.monotonic() - start)
+    return seconds
+
+
+def run_in_process(args) -> dict[str, int]:
+    """The tasks with ``posswap eval``'s settings, the model's transformer replaced by the graph ``args.onnx``."""
+    from posswap.evaluation.context_retrieval import evaluate_context
+    from posswap.evaluation.retrieval import evaluate_retrieval, load_embedding_model
+    from posswap.onnx_backed import with_onnx_graph
+
+    graph = with_onnx_graph(load_embedding_model(args.model, "cpu"), args.onnx)
+    models = {args.stock.removeprefix("posswap:"): load_embedding_model(args.stock, "cpu"), args.onnx.stem: graph}
+    seed = {} if args.seed is None else {"seed": args.seed}
+    seconds = {}
+    for task in args.tasks:
+        print(f"# {task}: {args.stock} and {args.onnx}", flush=True)
+        start = time.monotonic()
+        if task == "context":
+            results = evaluate_context(models, **seed)
+        else:
+            results = evaluate_retrieval(models, task, baselines=TASKS[task][3:], **seed)
+        results.save(args.out / task)
+        seconds[f"{task}_seconds"] = round(time.monotonic() - start)
+    source = {
+        "graph": str(args.onnx),
+        "model": args.model,
+        "task_seed": args.seed or 0,
+        "torch_results": str(args.compare) if args.compare else None,
+        "command": " ".join(["python", *sys.argv]),
+    }
+    (args.out / "source.json").write_text(json.dumps(source, indent=1) + "\n")
+    return seconds
 
 
 if __name__ == "__main__":

@@ -293,6 +293,73 @@ def onnx_lines(root: Path) -> list[str]:
     return lines if len(lines) > 3 else []
 
 
+INT8_ROWS = {  # task: (the torch model's row, what it is); the int8 run names its rows after the graph's file
+    "passkey": (("{m}", "one vector"), ("{m} late-chunk-max@256", "late-chunk-max")),
+    "needle": (("{m}", "one vector"), ("{m} late-chunk-max@256", "late-chunk-max")),
+    "context": (("{m} late chunks", "late chunks"), ("{m}", "one vector")),
+}
+
+
+def int8_block(root: Path) -> list[str]:
+    """Each ``results/onnx/RUN`` (tools/evaluate_late_model.py MODEL RUN --onnx GRAPH): accuracy at 1 of the torch
+    model (its results folder, named in RUN/source.json) and of the graph, task by task, on the same documents."""
+    lines = []
+    for run in sorted(p.parent for p in root.glob("*/source.json")):
+        source = json.loads((run / "source.json").read_text())
+        if not source.get("torch_results"):
+            continue
+        torch_root, graph = ROOT / source["torch_results"], Path(source["graph"]).stem
+        cells, lengths, documents = {}, set(), set()
+        for task, rows in INT8_ROWS.items():
+            name = "context/context.json" if task == "context" else f"{task}/retrieval.json"
+            torch_run, graph_run = (json.loads((r / name).read_text()) for r in (torch_root, run))
+            if torch_run["settings"]["fingerprints"] != graph_run["settings"]["fingerprints"]:
+                raise SystemExit(f"readme_embeddings: {run / name} holds other documents than {torch_root / name}.")
+            documents.add(graph_run["documents"])
+            key = "rows" if task == "context" else "models"
+            for row, label in rows:
+                ours, theirs = torch_run[key][row.format(m="model")], graph_run[key][row.format(m=graph)]
+                for length, a, b in zip(torch_run["lengths"], ours["accuracy"], theirs["accuracy"]):
+                    cells[(task, label, length)] = f"{a:.2f} / {b:.2f}"
+                    lengths.add(length)
+        lengths = sorted(lengths)
+        lines += [
+            "| task | vectors | " + " | ".join(map(str, lengths)) + " |",
+            "|---|---|" + "---|" * len(lengths),
+            *(
+                f"| {task} | {label} | " + " | ".join(cells.get((task, label, n), "-") for n in lengths) + " |"
+                for task, rows in INT8_ROWS.items()
+                for _, label in rows
+            ),
+            "",
+            f"Accuracy at 1, torch / `{source['graph']}`, on the same documents ({' / '.join(map(str, sorted(documents)))} a length, task seed "
+            f"{source.get('task_seed', 0)}), the torch figures from `{source['torch_results']}`, the graph's from "
+            f"`{run.relative_to(ROOT)}`: `{source['command']}`.",
+            "",
+        ]
+    return lines[:-1]
+
+
+def kernels_block(root: Path) -> list[str]:
+    """benchmarks/onnx_kernel_rates.py's JSON: each engine's time for one batch and its kernels' arithmetic rate."""
+    lines = [
+        "| run | engine | seconds | linear s | linear GFLOP/s | attention s | attention GFLOP/s | load average |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    commands = []
+    for path in sorted(root.glob("onnx-kernels-*.json")):
+        run = json.loads(path.read_text())
+        commands.append(run["command"])
+        load = "{:.1f} / {:.1f}".format(run["load_average"]["before"][0], run["load_average"]["after"][0])
+        for engine, row in run["engines"].items():
+            linear, attention = row["kernels"]["linear"], row["kernels"]["attention"]
+            lines.append(
+                f"| `{path.stem}` | {engine} | {row['seconds']:.3f} | {linear['seconds']:.3f} | {linear['gflops']} | "
+                f"{attention['seconds']:.3f} | {attention['gflops']} | {load} |"
+            )
+    return [*lines, "", "Commands: " + "; ".join(f"`{c}`" for c in commands) + "."] if commands else []
+
+
 def gpu_block(root: Path) -> list[str]:
     """On a GPU (``results/gpu/``): the kernels' agreement with eager (benchmarks/gpu_kernels.py), then time and
     peak memory of a training step against stock (bench_methods' JSON)."""
@@ -459,6 +526,8 @@ def blocks(results: Path, speed: Path) -> dict[str, list[str]]:
         "speed": speed_block(speed),
         **({"gpu": gpu_block(gpu)} if (gpu := results.parent / "gpu").is_dir() else {}),
         **({"demo": demo_block(results.parent / "demo")} if (results.parent / "demo" / "demo.json").is_file() else {}),
+        **({"onnx-int8": int8_block(onnx)} if (onnx := results.parent / "onnx").is_dir() else {}),
+        **({"onnx-kernels": kernels_block(speed)} if list(speed.glob("onnx-kernels-*.json")) else {}),
         **(
             {"4k": long_recipe_block(long)}
             if ((long := results.parent / LONG_RECIPE) / "training.json").is_file()
