@@ -343,3 +343,56 @@ def test_backend_eager_and_other_dtypes_keep_the_dense_path(monkeypatch, calls):
     assert calls.count == 0
     first(patched("gpt2", "t5-bias").train()(input_ids=token_ids(40))).sum().backward()
     assert calls.count == 2
+
+
+# --- keys too far to weigh: no denormal numbers ------------------------------------------------------------------
+
+
+def steep_alibi(h: int, n: int, slope: float = 4.0):
+    """A provider whose bias falls ``slope`` a position (ALiBi's first head at 8 heads falls 0.5): far keys weigh
+    e^-100 and less, where the exponential gives denormal numbers."""
+    provider = type("Steep", (), {})()
+    slopes = slope * torch.arange(1, h + 1, dtype=torch.float32)[:, None, None] / h
+    provider.bias = lambda qp, kp: (-slopes * (qp[..., :, None] - kp[..., None, :]).abs()).expand(
+        qp.shape[0], -1, -1, -1
+    )
+    return provider
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_negligible_keys_are_cut_without_changing_outputs_or_gradients(calls, causal):
+    gen = torch.Generator().manual_seed(3)
+    b, h, n, d = 2, 3, 64, 8
+    q, k, v = (torch.randn(b, h, n, d, generator=gen).requires_grad_() for _ in range(3))
+    positions = (torch.arange(n)[None], torch.arange(n)[None])
+    table, plan = posswap_blocked_grad.make_plan(steep_alibi(h, n), positions, None, causal, d**-0.5, torch.float32)
+    cut = posswap_blocked.without_negligible(table, -plan.lo, q, k, plan.scaling)
+    assert bool((cut == LOWEST).any()) and torch.equal(cut[:, -plan.lo], table[:, -plan.lo])  # own key kept
+
+    # the weights of the whole table hold denormal numbers; with the cut none (what makes x86 slow)
+    def weights(t):
+        return torch.softmax(q @ k.transpose(-1, -2) * plan.scaling + dense_bias(t, positions, plan, causal), -1)
+
+    tiny = torch.finfo(torch.float32).tiny
+    assert bool(((weights(table) > 0) & (weights(table) < tiny)).any())
+    assert not bool(((weights(cut) > 0) & (weights(cut) < tiny)).any())
+
+    out = BlockedBiasAttention.apply(q, k, v, table, plan)
+    reference = dense_reference(q, k, v, table, *positions, plan.lo, None, causal, d**-0.5)
+    torch.testing.assert_close(out, reference, atol=2e-5, rtol=1e-5)
+    grad = torch.randn(out.shape, generator=gen)
+    for got, expected in zip(
+        torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(reference, (q, k, v), grad)
+    ):
+        torch.testing.assert_close(got, expected, atol=5e-5, rtol=1e-4)
+    with torch.no_grad():  # the inference route cuts its distance vector the same way
+        vector = posswap_blocked.distance_vector(steep_alibi(h, n), n, n, causal, torch.float32)
+        fast = posswap_blocked.fast_sdpa(q, k, v, vector, causal, None, d**-0.5)
+    torch.testing.assert_close(fast, reference.detach(), atol=2e-5, rtol=1e-5)
+
+
+def dense_bias(table, positions, plan, causal):
+    bias = table[:, positions[0][:, :, None] - positions[1][:, None, :] - plan.lo].movedim(0, 1)
+    if causal:
+        bias = bias.masked_fill(~torch.ones(bias.shape[-2:], dtype=torch.bool).tril(), LOWEST)
+    return bias

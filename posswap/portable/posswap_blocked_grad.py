@@ -226,6 +226,8 @@ class BlockedBiasAttention(torch.autograd.Function):
     def forward(ctx, query, key, value, table, plan: Plan, seed: int = 0):
         k_len = key.shape[2]
         masked = _causal_table(table.detach(), plan)
+        if plan.q_pos is None and plan.mask is None and plan.lo <= 0:  # queries last, unpadded: own key read
+            masked = posswap_blocked.without_negligible(masked, -plan.lo, query, key, plan.scaling)
         k_rev, v_rev = key.flip(2), value.flip(2)
         out = query.new_empty(*query.shape[:3], value.shape[-1])
         lse = query.new_empty(query.shape[:3], dtype=torch.float32)
