@@ -274,9 +274,8 @@ def onnx_lines(root: Path) -> list[str]:
     documents per second over the torch model's, and the load average around the run (a shared machine)."""
     lines = [
         "",
-        "| run | tokens | threads | variant | documents/s vs torch exact-2048 | same rounds | peak MiB "
-        "| load average |",
-        "|---|---|---|---|---|---|---|---|",
+        "| run | tokens, threads | variant | documents/s vs torch exact-2048 | same rounds | peak MiB | load |",
+        "|---|---|---|---|---|---|---|",
     ]
     for path in sorted(root.glob("embeddings-*.json")):
         run = json.loads(path.read_text())
@@ -288,7 +287,7 @@ def onnx_lines(root: Path) -> list[str]:
             if "onnx" in name:
                 paired = statistics.median(t / r for t, r in zip(torch_row["times"], row["times"]))
                 lines.append(
-                    f"| `{path.stem}` | {run['document_tokens']} | {run['threads']} | {name} | "
+                    f"| `{path.stem}` | {run['document_tokens']}, {run['threads']} | {name} | "
                     f"{torch_row['time'] / row['time']:.2f} | {paired:.2f} "
                     f"| {row['peak'] / 2**20:.0f} | {load_average} |"
                 )
@@ -346,8 +345,8 @@ def int8_block(root: Path) -> list[str]:
 def kernels_block(root: Path) -> list[str]:
     """benchmarks/onnx_kernel_rates.py's JSON: each engine's time for one batch and its kernels' arithmetic rate."""
     lines = [
-        "| run | engine | seconds | linear s | linear GFLOP/s | attention s | attention GFLOP/s | load average |",
-        "|---|---|---|---|---|---|---|---|",
+        "| run | engine | seconds | linear: s (GFLOP/s) | attention: s (GFLOP/s) | load |",
+        "|---|---|---|---|---|---|",
     ]
     commands = []
     for path in sorted(root.glob("onnx-kernels-*.json")):
@@ -357,8 +356,8 @@ def kernels_block(root: Path) -> list[str]:
         for engine, row in run["engines"].items():
             linear, attention = row["kernels"]["linear"], row["kernels"]["attention"]
             lines.append(
-                f"| `{path.stem}` | {engine} | {row['seconds']:.3f} | {linear['seconds']:.3f} | {linear['gflops']} | "
-                f"{attention['seconds']:.3f} | {attention['gflops']} | {load} |"
+                f"| `{path.stem}` | {engine} | {row['seconds']:.3f} | {linear['seconds']:.3f} ({linear['gflops']:.0f}) | "
+                f"{attention['seconds']:.3f} ({attention['gflops']:.0f}) | {load} |"
             )
     return [*lines, "", "Commands: " + "; ".join(f"`{c}`" for c in commands) + "."] if commands else []
 
