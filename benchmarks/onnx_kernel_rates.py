@@ -74,7 +74,7 @@ def ort_times(graph: Path, ids: np.ndarray, repeats: int, threads: int) -> tuple
     session = onnxruntime.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
     feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
     feed = {i.name: feed[i.name] for i in session.get_inputs()}
-    session.run(None, feed)  # warm-up: profiled too, so it is taken out below
+    session.run(None, feed)  # warm-up: profiled too, so the sums below hold one run more
     start = time.perf_counter()
     for _ in range(repeats):
         session.run(None, feed)
@@ -85,8 +85,8 @@ def ort_times(graph: Path, ids: np.ndarray, repeats: int, threads: int) -> tuple
     for event in events:
         if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
             by_op[event["args"]["op_name"]] += event["dur"] / 1e6
-    share = repeats / (repeats + 1)  # the warm-up's operators are in the sums: their mean over every run
-    return wall, {kind: sum(by_op[op] for op in ops) * share / repeats for kind, ops in ORT_KERNELS.items()}
+    runs = repeats + 1  # the warm-up is profiled too: the mean over every run
+    return wall, {kind: sum(by_op[op] for op in ops) / runs for kind, ops in ORT_KERNELS.items()}
 
 
 def main() -> None:

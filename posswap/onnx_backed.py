@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutput
 
+from .onnx_export import session
 from .sentence_models import transformer_module
 
 
@@ -24,15 +25,11 @@ class OnnxTransformerModel(nn.Module):
     """Stands where a ``Transformer`` module's transformers model stood: the same inputs, the graph's token outputs
     as ``last_hidden_state``. Inference only (no gradients flow through onnxruntime)."""
 
-    def __init__(self, graph: str | os.PathLike, config: Any, threads: int | None = None):
+    def __init__(self, graph: str | os.PathLike, config: Any):
         super().__init__()
-        import onnxruntime
-
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = threads or torch.get_num_threads()  # as many as torch would use
-        self.session = onnxruntime.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
-        self.inputs = [i.name for i in self.session.get_inputs()]
         self.config, self.graph = config, Path(graph)
+        self.session = session(self.graph)  # as many threads as torch has, as the export's own check runs it
+        self.inputs = [i.name for i in self.session.get_inputs()]
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, **_ignored) -> BaseModelOutput:
         given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
@@ -48,20 +45,18 @@ class OnnxTransformerModel(nn.Module):
         return state
 
     def __setstate__(self, state):
-        import onnxruntime
-
         self.__dict__.update(state)
-        self.session = onnxruntime.InferenceSession(str(self.graph), providers=["CPUExecutionProvider"])
+        self.session = session(self.graph)
 
 
-def with_onnx_graph(model: nn.Module, graph: str | os.PathLike, threads: int | None = None) -> nn.Module:
+def with_onnx_graph(model: nn.Module, graph: str | os.PathLike) -> nn.Module:
     """``model`` (a sentence-transformers model on the CPU) with its transformer replaced, in place, by the graph at
     ``graph``; returned. The graph must be an export of this model: its inputs and width are checked on a probe."""
     graph = Path(graph)
     if not graph.is_file():
         raise ValueError(f"graph: no file at {graph}; give the .onnx file posswap export wrote (onnx/model.onnx).")
     module = transformer_module(model)
-    runner = OnnxTransformerModel(graph, module.auto_model.config, threads)
+    runner = OnnxTransformerModel(graph, module.auto_model.config)
     missing = set(runner.inputs) - {"input_ids", "attention_mask", "token_type_ids"}
     if missing:
         raise ValueError(f"graph: {graph} asks for inputs {sorted(missing)}, which a text encoder does not give.")

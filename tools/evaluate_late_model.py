@@ -21,11 +21,16 @@ import sys
 import time
 from pathlib import Path
 
-TASKS = {
-    "context": ["--task", "context-retrieval"],
-    "needle": ["--task", "needle-retrieval", "--baselines", "chunk-max", "late-chunk-max"],
-    "passkey": ["--task", "passkey-retrieval", "--baselines", "chunk-max", "late-chunk-max"],
+TASKS = {  # name: (posswap eval's --task, its --baselines)
+    "context": ("context-retrieval", ()),
+    "needle": ("needle-retrieval", ("chunk-max", "late-chunk-max")),
+    "passkey": ("passkey-retrieval", ("chunk-max", "late-chunk-max")),
 }
+
+
+def task_flags(task: str) -> list[str]:
+    cli_task, baselines = TASKS[task]
+    return ["--task", cli_task, *(["--baselines", *baselines] if baselines else [])]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -42,6 +47,10 @@ def main(argv: list[str] | None = None) -> None:
         help="with --onnx: MODEL's own results folder (same tasks and seed), for the docs' table",
     )
     args = parser.parse_args(argv)
+    if args.compare is not None and args.onnx is None:
+        parser.error("--compare goes with --onnx (it names the torch results the graph's sit beside)")
+    if args.onnx is not None and not args.onnx.is_file():
+        parser.error(f"--onnx: no file at {args.onnx}; give the .onnx file posswap export wrote")
     seconds = run_in_process(args) if args.onnx else run_commands(args)
     record = {
         **seconds,
@@ -61,7 +70,7 @@ def run_commands(args) -> dict[str, int]:
     seeded = [] if args.seed is None else ["--seed", str(args.seed)]
     seconds = {}
     for task in args.tasks:
-        command = ["posswap", "eval", args.stock, args.model, *TASKS[task], *seeded, "--out", str(args.out / task)]
+        command = ["posswap", "eval", args.stock, args.model, *task_flags(task), *seeded, "--out", str(args.out / task)]
         print("$", " ".join(command), flush=True)
         start = time.monotonic()
         subprocess.run(command, check=True)
@@ -85,7 +94,7 @@ def run_in_process(args) -> dict[str, int]:
         if task == "context":
             results = evaluate_context(models, **seed)
         else:
-            results = evaluate_retrieval(models, task, baselines=TASKS[task][3:], **seed)
+            results = evaluate_retrieval(models, task, baselines=list(TASKS[task][1]), **seed)
         results.save(args.out / task)
         seconds[f"{task}_seconds"] = round(time.monotonic() - start)
     source = {
