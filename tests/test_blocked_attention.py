@@ -16,7 +16,7 @@ import torch
 from conftest import make_model, padded_mask, sharpen_qk, token_ids
 
 import posswap
-from posswap.portable import posswap_attention, posswap_blocked
+from posswap.portable import posswap_attention, posswap_blocked, posswap_windows
 
 NEW = 96
 METHODS = {
@@ -57,7 +57,7 @@ class Routes:
 @pytest.fixture
 def routes(monkeypatch):
     monkeypatch.setattr(posswap_blocked, "MIN_ROWS", 4)
-    monkeypatch.setattr(posswap_blocked, "FAST_ROWS", 16)
+    monkeypatch.setattr(posswap_windows, "FAST_ROWS", 16)
     return Routes(monkeypatch)
 
 

@@ -17,7 +17,7 @@ from conftest import make_model, padded_mask, sharpen_qk, token_ids
 from test_blocked_attention import METHODS, first, patched
 
 import posswap
-from posswap.portable import posswap_attention, posswap_blocked, posswap_blocked_grad
+from posswap.portable import posswap_attention, posswap_blocked, posswap_blocked_grad, posswap_windows
 from posswap.portable.posswap_blocked_grad import BlockedBiasAttention
 
 LOWEST = torch.finfo(torch.float32).min
@@ -40,7 +40,7 @@ class Calls:
 @pytest.fixture
 def calls(monkeypatch):
     monkeypatch.setattr(posswap_blocked, "MIN_ROWS", 4)  # a 40-token input spans several blocks
-    monkeypatch.setattr(posswap_blocked, "FAST_ROWS", 16)
+    monkeypatch.setattr(posswap_windows, "FAST_ROWS", 16)
     return Calls(monkeypatch)
 
 
@@ -359,10 +359,18 @@ def steep_alibi(h: int, n: int, slope: float = 4.0):
     return provider
 
 
+@pytest.mark.parametrize("batch", [1, 2], ids=["split-queries", "batch-2"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-def test_negligible_keys_are_cut_without_changing_outputs_or_gradients(calls, causal):
+def test_negligible_keys_are_cut_without_changing_outputs_or_gradients(calls, monkeypatch, causal, batch):
+    """Each head reads only the keys it can weigh (``posswap_windows``): with batch 1 a call's queries split in the
+    batch dimension for the threads; outputs and gradients those of the whole dense bias."""
+    planned = []
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # the parts a batch of 1 is split in: for 2 threads
+    monkeypatch.setattr(posswap_windows, "MIN_PART", 4)
+    original = posswap_windows.plan_calls
+    monkeypatch.setattr(posswap_windows, "plan_calls", lambda *a: planned.append(original(*a)) or planned[-1])
     gen = torch.Generator().manual_seed(3)
-    b, h, n, d = 2, 3, 64, 8
+    b, h, n, d = batch, 3, 128, 8
     q, k, v = (torch.randn(b, h, n, d, generator=gen).requires_grad_() for _ in range(3))
     positions = (torch.arange(n)[None], torch.arange(n)[None])
     table, plan = posswap_blocked_grad.make_plan(steep_alibi(h, n), positions, None, causal, d**-0.5, torch.float32)
@@ -389,6 +397,8 @@ def test_negligible_keys_are_cut_without_changing_outputs_or_gradients(calls, ca
         vector = posswap_blocked.distance_vector(steep_alibi(h, n), n, n, causal, torch.float32)
         fast = posswap_blocked.fast_sdpa(q, k, v, vector, causal, None, d**-0.5)
     torch.testing.assert_close(fast, reference.detach(), atol=2e-5, rtol=1e-5)
+    assert all(any(c.first > 0 for c in p) for p in planned)  # every call skipped keys too far back to weigh
+    assert any(c.split > 1 for p in planned for c in p) == (batch == 1)  # threads: batch x heads for the kernel
 
 
 def dense_bias(table, positions, plan, causal):

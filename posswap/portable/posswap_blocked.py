@@ -9,9 +9,10 @@ tensors are on the CPU, ``posswap_attention.blocked_attention`` replaces it, wit
   document, a batch of equal or right-padded documents, a prompt): the bias depends on ``i - j`` only, so
   every row is a slice of one (heads, q + k - 1) vector ``V[t]``. With the keys taken in reverse order the
   (rows, keys) bias is the Hankel matrix ``V[r + jj + c]``: an ``as_strided`` view of that vector (strides 1,
-  1), which CPU's flash kernel reads through its mask strides. No (q, k) tensor exists at all. Encoders: one
-  SDPA call over all queries. Decoders: queries in blocks of ``FAST_ROWS``, each with only the keys up to its
-  last query (the causal cut, ``V[t < 0]`` = lowest). Right padding: one call per sequence, over its real keys.
+  1), which CPU's flash kernel reads through its mask strides. No (q, k) tensor exists at all. Without padding,
+  queries in blocks, each group of heads over the keys it can weigh (``posswap_windows.py``: a decoder's none
+  after the block's last query, ``V[t < 0]`` = lowest; ALiBi's steep heads a few hundred). Right padding: one
+  call per sequence, over its real keys.
 - *Anything else* (left padding, jumping or per-row position ids, packed masks, other providers): queries in
   blocks, each block's (b|1, heads, rows, k) bias built from positions with its mask slice, rows chosen so
   that one block holds at most ``BLOCK_BYTES``.
@@ -30,18 +31,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import posswap_windows
+
 # The most bytes of bias one block of the general path may hold (fp32, b|1 x heads x rows x keys).
 BLOCK_BYTES = 8 * 2**20
 MIN_ROWS = 32
-# Query rows per SDPA call on the fast causal path. Each block computes half a block of masked scores (stock's
-# is_causal skips them), so smaller is less work; but every call is a parallel region, and CPU's flash kernel tiles
-# 64 query rows below 768 queries (256 from 768 on). Measured at 2k and 4k tokens (reference GPT-2, one thread):
-# 256-512 rows cost 1.07-1.14x stock's attention, 768 1.12-1.28x, 1024 1.19-1.32x.
-FAST_ROWS = 512
-# A key whose weight is under e^-60 of the largest in its row adds nothing an fp32 sum can hold (e^-60 ~ 1e-26).
-NEGLIGIBLE = 60.0
-
-
 def wanted(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask, dropout: float) -> bool:
     """True where the blocked path replaces the dense one: CPU, no dropout, nothing that needs a gradient, and
     a dense bias larger than ``BLOCK_BYTES`` (below that, one bias shared by the layers is the cheaper). The dense
@@ -79,29 +73,15 @@ def distance_vector(provider, q_len: int, k_len: int, causal: bool, dtype) -> to
 
 
 def without_negligible(vector: torch.Tensor, zero_at: int, query, key, scaling: float) -> torch.Tensor:
-    """``vector`` (heads, W) of biases by distance with lowest wherever the bias alone puts a key's weight under
-    e^-NEGLIGIBLE times the weight of the query's own key (distance 0, column ``zero_at``; read by every query on
-    the routes that call this: contiguous positions, queries last, no padding). Such weights change no fp32 output,
-    but an exponential between e^-104 and e^-87 is a denormal number, which x86 cores compute about a hundred
-    times slower unless the thread flushes them (torch leaves that off, per thread): ALiBi's far keys made its
-    training step at 4k tokens 2.9x the stock model's. What the keys' content can add is bounded by
-    q.(k_j - k_i) <= |q| (|k_j| + |k_i|)."""
-    with torch.no_grad():
-        reach = 2 * scaling * float(query.norm(dim=-1).amax()) * float(key.norm(dim=-1).amax())
-        negligible = vector < vector[:, zero_at : zero_at + 1] - (NEGLIGIBLE + reach)
-        if not bool(negligible.any()):
-            return vector
-        return vector.masked_fill(negligible, torch.finfo(vector.dtype).min)
+    """``vector`` (heads, W) with lowest on every key too far to weigh (``posswap_windows.reach``)."""
+    return posswap_windows.reach(vector, zero_at, query, key, scaling)[0]
 
 
 def hankel(vector: torch.Tensor, past: int, q_len: int, rows: tuple[int, int], keys: int) -> torch.Tensor:
     """(1, heads, rows, keys) view of ``vector``: the bias of queries ``rows`` (indices among the q) against
     the first ``keys`` keys taken in reverse order (key jj is key ``keys - 1 - jj``)."""
-    start, stop = rows
-    # t = (past + start + r) - (keys - 1 - jj); index = t + q - 1
-    offset = past + start - keys + q_len
-    heads, width = vector.shape
-    return vector.as_strided((1, heads, stop - start, keys), (0, width, 1, 1), vector.storage_offset() + offset)
+    call = posswap_windows.Call(slice(0, vector.shape[0]), rows[0], rows[1] - rows[0], 0, keys)
+    return posswap_windows.bias_of(vector, q_len - 1, call, past)
 
 
 def key_prefix_lengths(mask: torch.Tensor, batch: int, k_len: int) -> list[int] | None:
@@ -125,12 +105,6 @@ def fast_sdpa(query, key, value, vector, causal: bool, lengths: list[int] | None
     q_len, k_len = query.shape[2], key.shape[2]
     past = k_len - q_len
     k_rev, v_rev = key.flip(2), value.flip(2)
-    if lengths is None:  # every query reads its own key (distance 0, index q - 1 of the vector)
-        vector = without_negligible(vector, q_len - 1, query, key, scaling)
-    if lengths is None and not causal:  # one call over every query
-        return F.scaled_dot_product_attention(
-            query, k_rev, v_rev, attn_mask=hankel(vector, past, q_len, (0, q_len), k_len), scale=scaling
-        )
     out = query.new_empty(*query.shape[:3], value.shape[-1])
     if lengths is not None:  # right padding: each sequence over its own real keys
         for b, length in enumerate(lengths):
@@ -140,16 +114,17 @@ def fast_sdpa(query, key, value, vector, causal: bool, lengths: list[int] | None
                 query[b : b + 1], k_rev, v_rev, attn_mask=mask, scale=scaling
             )
         return out
-    for start in range(0, q_len, FAST_ROWS):
-        stop = min(q_len, start + FAST_ROWS)
-        keys = past + stop  # a decoder's block sees no key after its last query
-        mask = hankel(vector, past, q_len, (start, stop), keys)
-        out[:, :, start:stop] = F.scaled_dot_product_attention(
-            query[:, :, start:stop],
-            k_rev[:, :, k_len - keys :],
-            v_rev[:, :, k_len - keys :],
-            attn_mask=mask,
-            scale=scaling,
+    # every query reads its own key (distance 0, column q - 1): each group of heads reads the keys it weighs
+    vector, windows = posswap_windows.reach(vector, q_len - 1, query, key, scaling)
+    for call in posswap_windows.plan_calls(windows, q_len, k_len, causal, query.shape[0]):
+        posswap_windows.rows_of(out, call).copy_(
+            F.scaled_dot_product_attention(
+                posswap_windows.rows_of(query, call),
+                posswap_windows.keys_of(k_rev, call),
+                posswap_windows.keys_of(v_rev, call),
+                attn_mask=posswap_windows.bias_of(vector, q_len - 1, call, past),
+                scale=scaling,
+            )
         )
     return out
 

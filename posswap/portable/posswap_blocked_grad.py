@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import posswap_blocked
+from . import posswap_blocked, posswap_windows
 
 try:  # torch's own CPU flash kernel, as F.scaled_dot_product_attention runs it, with the log-sum-exp it discards
     _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -214,7 +214,7 @@ def _each_block(plan: Plan, table, shape: tuple[int, ...], k_len: int, rows: int
 
 def _forward_rows(plan: Plan, shape: tuple[int, ...], k_len: int) -> int:
     if plan.q_pos is None and plan.mask is None and plan.dropout <= 0:  # the bias a view: rows cost no memory
-        return posswap_blocked.FAST_ROWS
+        return posswap_windows.FAST_ROWS
     return _rows(shape[0], shape[1], k_len)
 
 
@@ -225,20 +225,27 @@ class BlockedBiasAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, table, plan: Plan, seed: int = 0):
         k_len = key.shape[2]
-        masked = _causal_table(table.detach(), plan)
+        masked, calls = _causal_table(table.detach(), plan), None
         if plan.q_pos is None and plan.mask is None and plan.lo <= 0:  # queries last, unpadded: own key read
-            masked = posswap_blocked.without_negligible(masked, -plan.lo, query, key, plan.scaling)
+            masked, windows = posswap_windows.reach(masked, -plan.lo, query, key, plan.scaling)
+            if _FLASH is not None and plan.dropout <= 0:  # each group of heads over the keys it weighs
+                calls = posswap_windows.plan_calls(windows, query.shape[2], k_len, plan.causal, query.shape[0])
         k_rev, v_rev = key.flip(2), value.flip(2)
         out = query.new_empty(*query.shape[:3], value.shape[-1])
         lse = query.new_empty(query.shape[:3], dtype=torch.float32)
+        for call in calls or []:
+            q, k, v, bias = _call_inputs(call, query, (k_rev, v_rev), masked, plan)
+            o, l = _FLASH(q, k, v, attn_mask=bias, scale=plan.scaling)
+            posswap_windows.rows_of(out, call).copy_(o)
+            posswap_windows.rows_of(lse, call).copy_(l)
         rows = _forward_rows(plan, query.shape, k_len)
-        for sl, ks, _, bias, _ in _each_block(plan, masked, query.shape, k_len, rows):
+        for sl, ks, _, bias, _ in [] if calls is not None else _each_block(plan, masked, query.shape, k_len, rows):
             drop = dropout_scale(plan, (*query.shape[:2], sl.stop - sl.start, ks.stop - ks.start), seed, sl.start)
             out[:, :, sl], lse[:, :, sl] = _forward_block(
                 query[:, :, sl], k_rev[:, :, ks], v_rev[:, :, ks], bias, plan.scaling, drop
             )
         ctx.save_for_backward(query, key, value, out, lse)
-        ctx.plan, ctx.masked, ctx.seed = plan, masked, seed
+        ctx.plan, ctx.masked, ctx.seed, ctx.calls = plan, masked, seed, calls
         return out
 
     @staticmethod
@@ -251,7 +258,7 @@ class BlockedBiasAttention(torch.autograd.Function):
         dead = bool((lse <= torch.finfo(lse.dtype).min / 2).any())
         flash = _FLASH_BACKWARD is not None and not dead and plan.dropout <= 0
         if flash and (d_table is None or _band_route(plan)):  # torch's kernel for q, k, v: no score gradient kept
-            _flash_backward(plan, masked, (query, k_rev, v_rev, out, lse), grad_out, grads)
+            _flash_backward(plan, masked, ctx.calls, (query, k_rev, v_rev, out, lse), grad_out, grads)
             if d_table is not None:  # the table's gradient from the keys near each query only
                 _band_table_grad(d_table, plan, masked, (query, key, value, out, lse), grad_out)
             return grads[0], grads[1].flip(2), grads[2].flip(2), d_table, None, None
@@ -271,17 +278,41 @@ class BlockedBiasAttention(torch.autograd.Function):
         return grads[0], grads[1].flip(2), grads[2].flip(2), d_table, None, None
 
 
-def _flash_backward(plan: Plan, table, saved: tuple, grad_out, grads: tuple) -> None:
+def _flash_backward(plan: Plan, table, calls, saved: tuple, grad_out, grads: tuple) -> None:
     """q, k, v gradients block by block through torch's CPU flash backward (no gradient to the table wanted, and
-    no row with every key masked: the kernel's exp(s - lse) reads 1 on those, where the softmax gave 1 / keys)."""
+    no row with every key masked: the kernel's exp(s - lse) reads 1 on those, where the softmax gave 1 / keys);
+    with ``calls``, the forward's (``posswap_windows.plan_calls``)."""
     query, k_rev, v_rev, out, lse = saved
     k_len = k_rev.shape[2]
-    for sl, ks, _, bias, _ in _each_block(plan, table, query.shape, k_len, _forward_rows(plan, query.shape, k_len)):
-        blocks = (query[:, :, sl], k_rev[:, :, ks], v_rev[:, :, ks], out[:, :, sl], lse[:, :, sl])
-        d_q, d_k, d_v = _FLASH_BACKWARD(grad_out[:, :, sl], *blocks, 0.0, False, attn_mask=bias, scale=plan.scaling)
-        grads[0][:, :, sl] = d_q
-        grads[1][:, :, ks] += d_k
-        grads[2][:, :, ks] += d_v
+    if calls is None:
+        for sl, ks, _, bias, _ in _each_block(plan, table, query.shape, k_len, _forward_rows(plan, query.shape, k_len)):
+            blocks = (query[:, :, sl], k_rev[:, :, ks], v_rev[:, :, ks], out[:, :, sl], lse[:, :, sl])
+            d_q, d_k, d_v = _FLASH_BACKWARD(grad_out[:, :, sl], *blocks, 0.0, False, attn_mask=bias, scale=plan.scaling)
+            grads[0][:, :, sl] = d_q
+            grads[1][:, :, ks] += d_k
+            grads[2][:, :, ks] += d_v
+        return
+    rows = posswap_windows.rows_of
+    for call in calls:
+        q, k, v, bias = _call_inputs(call, query, (k_rev, v_rev), table, plan)
+        d_q, d_k, d_v = _FLASH_BACKWARD(
+            rows(grad_out, call), q, k, v, rows(out, call), rows(lse, call), 0.0, False, attn_mask=bias,
+            scale=plan.scaling,
+        )  # fmt: skip
+        rows(grads[0], call).copy_(d_q)
+        posswap_windows.add_keys(grads[1], call, d_k)
+        posswap_windows.add_keys(grads[2], call, d_v)
+
+
+def _call_inputs(call, query, reversed_: tuple, table, plan: Plan) -> tuple:
+    """Query, keys and values (in reverse order) and bias of one ``posswap_windows.Call``."""
+    past = reversed_[0].shape[2] - query.shape[2]
+    return (
+        posswap_windows.rows_of(query, call),
+        posswap_windows.keys_of(reversed_[0], call),
+        posswap_windows.keys_of(reversed_[1], call),
+        posswap_windows.bias_of(table, -plan.lo, call, past),
+    )
 
 
 def _band_route(plan: Plan) -> bool:
