@@ -237,3 +237,35 @@ def test_the_hankel_view_is_the_dense_bias():
             view = posswap_blocked.hankel(vector, 3, q_len, rows, keys)
             assert view.untyped_storage().data_ptr() == vector.untyped_storage().data_ptr()
             torch.testing.assert_close(view[0], dense[:, rows[0] : rows[1], :keys].flip(-1), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_window_calls_read_every_weighed_key_once_with_its_bias(monkeypatch, causal, threads):
+    """``posswap_windows.plan_calls``: every (head, query, key) pair within the head's window (a decoder's: not a later
+    key) is read by exactly one call, split parts included, and a decoder's call reads no key after its last query
+    (the bias masks the later keys of its own block); each call's bias view is the dense bias there."""
+    monkeypatch.setattr(posswap_windows, "FAST_ROWS", 16)
+    monkeypatch.setattr(posswap_windows, "MIN_PART", 4)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    windows = posswap_windows.group_heads([5, 6, 20, 40, 200], [0] * 5 if causal else [7, 6, 20, 3, 200])
+    heads, lengths = 5, ((100, 100), (37, 90)) if causal else ((100, 100),)
+    vector_of = torch.randn(heads, 400)
+    for q_len, k_len in lengths:
+        past, zero_at = k_len - q_len, 200
+        reads = torch.zeros(heads, q_len, k_len, dtype=torch.long)
+        for call in posswap_windows.plan_calls(windows, q_len, k_len, causal, 1):
+            assert not causal or call.end <= past + call.start + call.rows
+            bias = posswap_windows.bias_of(vector_of, zero_at, call, past)
+            part = call.rows // call.split
+            for s in range(call.split):
+                rows = torch.arange(call.start + s * part, call.start + (s + 1) * part)
+                keys = torch.arange(call.end - 1, call.first - 1, -1)  # reversed, as the call reads them
+                expected = vector_of[call.heads][:, zero_at + past + rows[:, None] - keys[None]]
+                torch.testing.assert_close(bias[s], expected, rtol=0, atol=0)
+                reads[call.heads, rows[:, None], keys[None]] += 1
+        assert int(reads.max()) == 1
+        distance = past + torch.arange(q_len)[:, None] - torch.arange(k_len)[None]  # query minus key
+        for window in windows:
+            weighed = (distance <= window.before) & (distance >= (0 if causal else -window.after))
+            assert bool((reads[window.heads][:, weighed] == 1).all())

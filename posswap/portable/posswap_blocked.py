@@ -31,11 +31,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import posswap_windows
+from .posswap_windows import Call, bias_of, keys_of, plan_calls, reach, rows_of
 
 # The most bytes of bias one block of the general path may hold (fp32, b|1 x heads x rows x keys).
 BLOCK_BYTES = 8 * 2**20
 MIN_ROWS = 32
+
+
 def wanted(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask, dropout: float) -> bool:
     """True where the blocked path replaces the dense one: CPU, no dropout, nothing that needs a gradient, and
     a dense bias larger than ``BLOCK_BYTES`` (below that, one bias shared by the layers is the cheaper). The dense
@@ -74,14 +76,14 @@ def distance_vector(provider, q_len: int, k_len: int, causal: bool, dtype) -> to
 
 def without_negligible(vector: torch.Tensor, zero_at: int, query, key, scaling: float) -> torch.Tensor:
     """``vector`` (heads, W) with lowest on every key too far to weigh (``posswap_windows.reach``)."""
-    return posswap_windows.reach(vector, zero_at, query, key, scaling)[0]
+    return reach(vector, zero_at, query, key, scaling)[0]
 
 
 def hankel(vector: torch.Tensor, past: int, q_len: int, rows: tuple[int, int], keys: int) -> torch.Tensor:
     """(1, heads, rows, keys) view of ``vector``: the bias of queries ``rows`` (indices among the q) against
     the first ``keys`` keys taken in reverse order (key jj is key ``keys - 1 - jj``)."""
-    call = posswap_windows.Call(slice(0, vector.shape[0]), rows[0], rows[1] - rows[0], 0, keys)
-    return posswap_windows.bias_of(vector, q_len - 1, call, past)
+    call = Call(slice(0, vector.shape[0]), rows[0], rows[1] - rows[0], 0, keys)
+    return bias_of(vector, q_len - 1, call, past)
 
 
 def key_prefix_lengths(mask: torch.Tensor, batch: int, k_len: int) -> list[int] | None:
@@ -115,14 +117,14 @@ def fast_sdpa(query, key, value, vector, causal: bool, lengths: list[int] | None
             )
         return out
     # every query reads its own key (distance 0, column q - 1): each group of heads reads the keys it weighs
-    vector, windows = posswap_windows.reach(vector, q_len - 1, query, key, scaling)
-    for call in posswap_windows.plan_calls(windows, q_len, k_len, causal, query.shape[0]):
-        posswap_windows.rows_of(out, call).copy_(
+    vector, windows = reach(vector, q_len - 1, query, key, scaling)
+    for call in plan_calls(windows, q_len, k_len, causal, query.shape[0]):
+        rows_of(out, call).copy_(
             F.scaled_dot_product_attention(
-                posswap_windows.rows_of(query, call),
-                posswap_windows.keys_of(k_rev, call),
-                posswap_windows.keys_of(v_rev, call),
-                attn_mask=posswap_windows.bias_of(vector, q_len - 1, call, past),
+                rows_of(query, call),
+                keys_of(k_rev, call),
+                keys_of(v_rev, call),
+                attn_mask=bias_of(vector, q_len - 1, call, past),
                 scale=scaling,
             )
         )

@@ -13,6 +13,8 @@ block's scores again and gives q, k, v and the table their gradients (the table'
 per distance with ``index_add_``). Keys are taken in reverse order, so that with contiguous positions a block's
 bias is a strided view of the table (as on the inference path, ``posswap_blocked.py``): no copy at all. A decoder's
 block sees no key after its last query (the causal cut), which stock's ``is_causal`` gets and a dense mask loses.
+With contiguous positions, no padding and no dropout, the blocks are ``posswap_windows.plan_calls``'s: each group of
+heads over the keys it can weigh at all (ALiBi's steep heads: a few hundred), split for the threads.
 
 Forward runs CPU's flash kernel per block (``_scaled_dot_product_flash_attention_for_cpu``: output and log-sum-exp,
 honouring the mask's strides); without it, or with attention dropout, plain ops. Dropout: each block's keep mask
@@ -235,9 +237,9 @@ class BlockedBiasAttention(torch.autograd.Function):
         lse = query.new_empty(query.shape[:3], dtype=torch.float32)
         for call in calls or []:
             q, k, v, bias = _call_inputs(call, query, (k_rev, v_rev), masked, plan)
-            o, l = _FLASH(q, k, v, attn_mask=bias, scale=plan.scaling)
-            posswap_windows.rows_of(out, call).copy_(o)
-            posswap_windows.rows_of(lse, call).copy_(l)
+            block_out, block_lse = _FLASH(q, k, v, attn_mask=bias, scale=plan.scaling)
+            posswap_windows.rows_of(out, call).copy_(block_out)
+            posswap_windows.rows_of(lse, call).copy_(block_lse)
         rows = _forward_rows(plan, query.shape, k_len)
         for sl, ks, _, bias, _ in [] if calls is not None else _each_block(plan, masked, query.shape, k_len, rows):
             drop = dropout_scale(plan, (*query.shape[:2], sl.stop - sl.start, ks.stop - ks.start), seed, sl.start)
