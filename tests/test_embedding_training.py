@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -175,6 +176,29 @@ def test_embedding_recipe_runs_end_to_end(tiny_st, text_file, tmp_path, capsys, 
     )
     table = lambda m: m[0].auto_model.embeddings.position_embeddings.weight  # noqa: E731
     assert not torch.equal(table(trained), table(untrained))
+
+
+def test_gradient_checkpointing_trains_the_same_weights_without_a_warning(tiny_st, text_file, tmp_path, monkeypatch):
+    """train.gradient_checkpointing on an embedding recipe: enabled on the transformer itself (the Trainer's route
+    warns three times under transformers 5.24), and the same weights as the run without it."""
+    from posswap.training import embedding
+
+    enabled = []
+    original = embedding.enable_checkpointing
+    monkeypatch.setattr(embedding, "enable_checkpointing", lambda model: (enabled.append(model), original(model)))
+    runs = {}
+    for checkpointing in (False, True):
+        spec = recipe(tiny_st, text_file, tmp_path / f"run-{checkpointing}")
+        spec["train"]["gradient_checkpointing"] = checkpointing
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            posswap.train(recipe_from_dict(spec))
+        assert not [w for w in caught if "checkpointing" in str(w.message)]
+        runs[checkpointing] = st.SentenceTransformer(str(tmp_path / f"run-{checkpointing}" / "model"), device="cpu")
+    assert len(enabled) == 1 and enabled[0].is_gradient_checkpointing
+    plain, checkpointed = (dict(runs[c][0].auto_model.named_parameters()) for c in (False, True))
+    for name, weight in plain.items():
+        torch.testing.assert_close(checkpointed[name], weight, rtol=1e-4, atol=1e-6)
 
 
 def test_a_run_from_python_without_the_raw_recipe_writes_its_files_and_a_fresh_log(tiny_st, text_file, tmp_path):

@@ -36,7 +36,7 @@ from .embedding_teacher import TeacherLoss, teacher_rows
 from .optimizer import MAX_GRAD_NORM, parameter_groups
 from .recipe import Recipe
 from .run_folder import LOG, check_before_work, commit, local_source, push_run, start_record
-from .trainable import position_parameter_names, select_trainable
+from .trainable import enable_checkpointing, position_parameter_names, select_trainable
 
 FLAG = "train.output_dir: model folder"
 
@@ -87,6 +87,8 @@ def train_once(recipe: Recipe, seed: int, run_dir: Path, log: JsonLog, raw, firs
                 module.p = e.dropout
     positions = {id(p) for n, p in transformer.named_parameters() if n in position_parameter_names(transformer)}
     select_trainable(transformer, t.trainable, t.train_norms)
+    if t.gradient_checkpointing:  # on the transformer itself: the Trainer's own route warns three times (5.24)
+        enable_checkpointing(transformer)
     pairs = document_pairs(
         recipe.data.train,
         model.tokenizer,
@@ -242,8 +244,6 @@ def training_arguments(recipe: Recipe, run_dir: Path, seed: int):
         dataloader_drop_last=True,
         batch_sampler=context_batch_sampler,
         disable_tqdm=False,
-        # Named only when on: transformers 5 warns that the name is deprecated whenever it is passed.
-        **({"gradient_checkpointing": True} if t.gradient_checkpointing else {}),
     )
 
 

@@ -50,7 +50,7 @@ from .run_folder import (
     record_folder,
     start_record,
 )
-from .trainable import merged, position_parameter_names, select_trainable
+from .trainable import enable_checkpointing, merged, position_parameter_names, select_trainable
 
 
 def load_patched_model(recipe: Recipe):
@@ -251,9 +251,7 @@ def _build(recipe: Recipe, accelerator: Accelerator, cpu_fsdp: bool, work: Path)
     if recipe.max_length is None:  # posswap: null trains at the model's own length, known only now
         recipe.check_windows(sites.max_length)
     if t.gradient_checkpointing:
-        # transformers 5.24 renamed it (the old name warns); earlier 5.x releases have only the old one.
-        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-        enable()
+        enable_checkpointing(model)
     position_names = position_parameter_names(model)  # by id: peft's wrapping renames them
     positions = {id(p) for name, p in model.named_parameters() if name in position_names}
     model = select_trainable(model, t.trainable, t.train_norms, t.lora)

@@ -8,6 +8,13 @@ from torch import nn
 from ..portable.posswap_architectures import find_sites
 
 
+def enable_checkpointing(model: nn.Module) -> None:
+    """Activation checkpointing on ``model`` (a transformers model): transformers 5.24 renamed it, and its old name
+    warns; earlier 5.x releases have only the old one."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
+
+
 def _is_norm(name: str) -> bool:
     # GPT-2: ln_1, ln_2, ln_f; BERT family: LayerNorm.
     last = name.split(".")[-2] if name.endswith((".weight", ".bias")) else name
