@@ -9,10 +9,11 @@ get lowest, and a head that weighs only keys within ``before`` positions behind 
 ALiBi's steepest heads (slope 1/2, 1/4, ...) read a few hundred keys at any length, as a sliding window would.
 
 The calls: queries in blocks of ``FAST_ROWS``; in each block, neighbouring heads whose windows cut the same keys
-share a call; a block whose window lies inside the sequence (every block of a narrow head past the first few) has
-the same bias as every other such block of its heads, so those blocks are stacked in the batch dimension (batch 1
-only) and read one bias: one call, and work the CPU kernels split over threads (its backward splits only batch x
-heads, so a call of one head would keep one thread).
+share a call (an encoder's heads that read every key: one call over all queries). CPU's flash backward shares out
+only batch x heads over threads, so a call of one head would keep one thread: with a batch of one, each call's
+queries are split in the batch dimension, the parts reading the same keys (a stride-0 batch) and their bias a
+strided view of the same vector. (Stacking a narrow head's interior blocks in the batch instead needs their bias in
+key order, a copy per call: slower on one thread, measured.)
 
 It travels with saved models (``posswap/portable``), so it imports nothing from posswap.
 """
