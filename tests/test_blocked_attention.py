@@ -249,19 +249,20 @@ def test_window_calls_read_every_weighed_key_once_with_its_bias(monkeypatch, cau
     monkeypatch.setattr(posswap_windows, "MIN_PART", 4)
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     windows = posswap_windows.group_heads([5, 6, 20, 40, 200], [0] * 5 if causal else [7, 6, 20, 3, 200])
-    heads, lengths = 5, ((100, 100), (37, 90)) if causal else ((100, 100),)
-    vector_of = torch.randn(heads, 400)
+    heads = 5
+    lengths = ((100, 100), (37, 90)) if causal else ((100, 100),)  # (queries, keys): cached keys for a decoder
+    vector = torch.randn(heads, 400)
     for q_len, k_len in lengths:
         past, zero_at = k_len - q_len, 200
         reads = torch.zeros(heads, q_len, k_len, dtype=torch.long)
         for call in posswap_windows.plan_calls(windows, q_len, k_len, causal, 1):
             assert not causal or call.end <= past + call.start + call.rows
-            bias = posswap_windows.bias_of(vector_of, zero_at, call, past)
+            bias = posswap_windows.bias_of(vector, zero_at, call, past)
             part = call.rows // call.split
             for s in range(call.split):
                 rows = torch.arange(call.start + s * part, call.start + (s + 1) * part)
                 keys = torch.arange(call.end - 1, call.first - 1, -1)  # reversed, as the call reads them
-                expected = vector_of[call.heads][:, zero_at + past + rows[:, None] - keys[None]]
+                expected = vector[call.heads][:, zero_at + past + rows[:, None] - keys[None]]
                 torch.testing.assert_close(bias[s], expected, rtol=0, atol=0)
                 reads[call.heads, rows[:, None], keys[None]] += 1
         assert int(reads.max()) == 1

@@ -74,11 +74,6 @@ def distance_vector(provider, q_len: int, k_len: int, causal: bool, dtype) -> to
     return vector.contiguous()
 
 
-def without_negligible(vector: torch.Tensor, zero_at: int, query, key, scaling: float) -> torch.Tensor:
-    """``vector`` (heads, W) with lowest on every key too far to weigh (``posswap_windows.reach``)."""
-    return reach(vector, zero_at, query, key, scaling)[0]
-
-
 def hankel(vector: torch.Tensor, past: int, q_len: int, rows: tuple[int, int], keys: int) -> torch.Tensor:
     """(1, heads, rows, keys) view of ``vector``: the bias of queries ``rows`` (indices among the q) against
     the first ``keys`` keys taken in reverse order (key jj is key ``keys - 1 - jj``)."""
@@ -106,7 +101,6 @@ def fast_sdpa(query, key, value, vector, causal: bool, lengths: list[int] | None
     (right padding, an encoder's) and ``causal`` do not come together."""
     q_len, k_len = query.shape[2], key.shape[2]
     past = k_len - q_len
-    k_rev, v_rev = key.flip(2), value.flip(2)
     out = query.new_empty(*query.shape[:3], value.shape[-1])
     if lengths is not None:  # right padding: each sequence over its own real keys
         for b, length in enumerate(lengths):
@@ -118,6 +112,7 @@ def fast_sdpa(query, key, value, vector, causal: bool, lengths: list[int] | None
         return out
     # every query reads its own key (distance 0, column q - 1): each group of heads reads the keys it weighs
     vector, windows = reach(vector, q_len - 1, query, key, scaling)
+    k_rev, v_rev = key.flip(2), value.flip(2)
     for call in plan_calls(windows, q_len, k_len, causal, query.shape[0]):
         rows_of(out, call).copy_(
             F.scaled_dot_product_attention(

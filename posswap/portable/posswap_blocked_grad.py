@@ -235,17 +235,19 @@ class BlockedBiasAttention(torch.autograd.Function):
         k_rev, v_rev = key.flip(2), value.flip(2)
         out = query.new_empty(*query.shape[:3], value.shape[-1])
         lse = query.new_empty(query.shape[:3], dtype=torch.float32)
-        for call in calls or []:
-            q, k, v, bias = _call_inputs(call, query, (k_rev, v_rev), masked, plan)
-            block_out, block_lse = _FLASH(q, k, v, attn_mask=bias, scale=plan.scaling)
-            posswap_windows.rows_of(out, call).copy_(block_out)
-            posswap_windows.rows_of(lse, call).copy_(block_lse)
-        rows = _forward_rows(plan, query.shape, k_len)
-        for sl, ks, _, bias, _ in [] if calls is not None else _each_block(plan, masked, query.shape, k_len, rows):
-            drop = dropout_scale(plan, (*query.shape[:2], sl.stop - sl.start, ks.stop - ks.start), seed, sl.start)
-            out[:, :, sl], lse[:, :, sl] = _forward_block(
-                query[:, :, sl], k_rev[:, :, ks], v_rev[:, :, ks], bias, plan.scaling, drop
-            )
+        if calls is not None:
+            for call in calls:
+                q, k, v, bias = _call_inputs(call, query, (k_rev, v_rev), masked, plan)
+                block_out, block_lse = _FLASH(q, k, v, attn_mask=bias, scale=plan.scaling)
+                posswap_windows.rows_of(out, call).copy_(block_out)
+                posswap_windows.rows_of(lse, call).copy_(block_lse)
+        else:
+            rows = _forward_rows(plan, query.shape, k_len)
+            for sl, ks, _, bias, _ in _each_block(plan, masked, query.shape, k_len, rows):
+                drop = dropout_scale(plan, (*query.shape[:2], sl.stop - sl.start, ks.stop - ks.start), seed, sl.start)
+                out[:, :, sl], lse[:, :, sl] = _forward_block(
+                    query[:, :, sl], k_rev[:, :, ks], v_rev[:, :, ks], bias, plan.scaling, drop
+                )
         ctx.save_for_backward(query, key, value, out, lse)
         ctx.plan, ctx.masked, ctx.seed, ctx.calls = plan, masked, seed, calls
         return out
