@@ -4,8 +4,10 @@ model's chunks at chance among the fact chunks, and one-line refusals."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from posswap.evaluation.context_retrieval import _ndcg, _tie_share, evaluate_con
 from posswap.evaluation.context_task import build_context_task
 
 st = pytest.importorskip("sentence_transformers")
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "context"
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +59,13 @@ def test_the_task_is_the_same_for_a_seed_and_another_for_another(tokenizer):
     one, again = build_context_task(tokenizer, 512, 8, 0), build_context_task(tokenizer, 512, 8, 0)
     assert one.fingerprint() == again.fingerprint()
     assert build_context_task(tokenizer, 512, 8, 1).fingerprint() != one.fingerprint()
+
+
+def test_the_committed_figures_scored_the_documents_the_task_builds_today(tokenizer):
+    """A change to the task's construction (for a recipe's own templates, say) must leave the evaluation's documents
+    as the committed results scored them: their fingerprints, written when they were run."""
+    committed = json.loads((RESULTS / "minilm-late-2k-seed0" / "context" / "context.json").read_text())["settings"]
+    assert build_context_task(tokenizer, 512, 100, 0).fingerprint() == committed["fingerprints"]["512"]
 
 
 def test_tie_share_and_ndcg_against_their_formulas():

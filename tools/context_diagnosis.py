@@ -4,18 +4,23 @@ naming chunk or another chunk of it, or another document's fact chunk (same ques
     python tools/context_diagnosis.py MODEL --length 2048 --documents 32              # the evaluation's templates
     python tools/context_diagnosis.py MODEL --length 2048 --documents 32 --training   # the recipe's own
     python tools/context_diagnosis.py MODEL --length 1024 --documents 48 --window 512  # read in 512-token windows
+    python tools/context_diagnosis.py MODEL --length 2048 --documents 48 --shift       # which part costs
 
 A miss inside the document (naming chunk) says the chunk lost its own words to the context; a miss in another
 document's fact chunk for the same question says the chunk does not carry its subject. On the recipe's templates
 against the evaluation's: how much of a score is what the recipe learned by heart. Task seed 5 (the README's
 figures use seed 0). The last line: the fact's chunk first by the distance from its subject's naming chunk, in
 chunks (``--window``: each chunk pooled in a window of that many tokens, as a model that reads no further would).
+``--shift``: the fact's chunk first for documents that mix the evaluation's parts (names, questions and facts,
+introductions and headings, haystacks) with the recipe's, one line each: which part of the distance between the
+recipe's templates and the evaluation's costs the most.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +56,22 @@ def first_hits(model, task) -> tuple[collections.Counter, dict[str, list[bool]]]
     return found, by_distance
 
 
+def shifted_templates():
+    """(label, templates): the recipe's, the evaluation's, and mixes of the two, one part at a time."""
+    ours, theirs = TRAINING, EVALUATION
+    names = {"words": theirs.words, "name": theirs.name}
+    return [
+        ("recipe's templates and haystacks", ours),
+        ("recipe's, evaluation's haystacks", dataclasses.replace(ours, haystacks=theirs.haystacks)),
+        ("recipe's, evaluation's names", dataclasses.replace(ours, **names)),
+        ("recipe's, evaluation's questions", dataclasses.replace(ours, relations=theirs.relations)),
+        ("recipe's, evaluation's introductions", dataclasses.replace(ours, intro=theirs.intro)),
+        ("evaluation's, recipe's haystacks", dataclasses.replace(theirs, haystacks=ours.haystacks)),
+        ("evaluation's, recipe's questions", dataclasses.replace(theirs, relations=ours.relations)),
+        ("evaluation's templates and haystacks", theirs),
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
@@ -58,10 +79,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--documents", type=int, default=32)
     parser.add_argument("--training", action="store_true", help="the recipe's templates, not the evaluation's")
     parser.add_argument("--window", type=int, help="read each document in windows of this many tokens")
+    parser.add_argument("--shift", action="store_true", help="the evaluation's parts mixed with the recipe's")
     args = parser.parse_args(argv)
     model = load_sentence_transformer(args.model, device="cpu")
     if args.window:
         model.max_seq_length = args.window
+    if args.shift:
+        for label, templates in shifted_templates():
+            task = build_context_task(model.tokenizer, args.length, args.documents, 5, 128, templates)
+            found, _ = first_hits(model, task)
+            share = found["the fact's chunk"] / sum(found.values())
+            print(f"{label:40s} {share:.2f}", flush=True)
+        return
     templates = TRAINING if args.training else EVALUATION
     task = build_context_task(model.tokenizer, args.length, args.documents, 5, 128, templates)
     found, by_distance = first_hits(model, task)
