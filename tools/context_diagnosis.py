@@ -57,7 +57,9 @@ def first_hits(model, task) -> tuple[collections.Counter, dict[str, list[bool]]]
 
 
 def shifted_templates():
-    """(label, templates): the recipe's, the evaluation's, and mixes of the two, one part at a time."""
+    """(label, templates): the recipe's, the evaluation's, and mixes of the two, one part at a time. With the
+    recipe's questions each document draws two of its kind's, so fewer documents answer the same question than
+    with the evaluation's (two a kind, asked of every document): a mix with them is if anything easier."""
     ours, theirs = TRAINING, EVALUATION
     names = {"words": theirs.words, "name": theirs.name}
     return [
