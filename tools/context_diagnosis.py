@@ -26,10 +26,12 @@ import torch
 import torch.nn.functional as F
 
 from posswap.evaluation.context_retrieval import DISTANCE_BUCKETS, distance_bucket
-from posswap.evaluation.context_task import EVALUATION, build_context_task
+from posswap.evaluation.context_task import EVALUATION, build_context_task, max_context_documents
 from posswap.evaluation.late_chunking import late_chunks
 from posswap.loading import load_sentence_transformer
 from posswap.training.embedding_context import TRAINING
+
+TASK_SEED, CHUNK_TOKENS = 5, 128  # the README's figures use task seed 0: these documents are others
 
 
 def first_hits(model, task) -> tuple[collections.Counter, dict[str, list[bool]]]:
@@ -79,28 +81,37 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("model")
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--documents", type=int, default=32)
-    parser.add_argument("--training", action="store_true", help="the recipe's templates, not the evaluation's")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--training", action="store_true", help="the recipe's templates, not the evaluation's")
+    which.add_argument("--shift", action="store_true", help="the evaluation's parts mixed with the recipe's")
     parser.add_argument("--window", type=int, help="read each document in windows of this many tokens")
-    parser.add_argument("--shift", action="store_true", help="the evaluation's parts mixed with the recipe's")
     args = parser.parse_args(argv)
+    if args.shift:
+        runs = shifted_templates()
+    else:
+        runs = [("", TRAINING if args.training else EVALUATION)]
+    most = min(max_context_documents(templates) for _, templates in runs)
+    if not 1 <= args.documents <= most:
+        parser.error(f"--documents must be 1 to {most} (the subjects' names run out), got {args.documents}.")
+    if args.window is not None and args.window < CHUNK_TOKENS:
+        parser.error(f"--window must hold a chunk of {CHUNK_TOKENS} tokens, got {args.window}.")
+    if args.length < 3 * CHUNK_TOKENS:
+        parser.error(f"--length must hold three chunks of {CHUNK_TOKENS} tokens, got {args.length}.")
     model = load_sentence_transformer(args.model, device="cpu")
     if args.window:
         model.max_seq_length = args.window
-    if args.shift:
-        for label, templates in shifted_templates():
-            task = build_context_task(model.tokenizer, args.length, args.documents, 5, 128, templates)
-            found, _ = first_hits(model, task)
-            share = found["the fact's chunk"] / sum(found.values())
+    for label, templates in runs:
+        task = build_context_task(model.tokenizer, args.length, args.documents, TASK_SEED, CHUNK_TOKENS, templates)
+        found, by_distance = first_hits(model, task)
+        total = sum(found.values())
+        if args.shift:
+            share = found["the fact's chunk"] / total
             print(f"{label:40s} {share:.2f}", flush=True)
-        return
-    templates = TRAINING if args.training else EVALUATION
-    task = build_context_task(model.tokenizer, args.length, args.documents, 5, 128, templates)
-    found, by_distance = first_hits(model, task)
-    total = sum(found.values())
-    for where, count in found.most_common():
-        print(f"{where:32s} {count / total:.2f}")
-    buckets = [distance_bucket(low) for low, _ in DISTANCE_BUCKETS if distance_bucket(low) in by_distance]
-    print("by distance: " + ", ".join(f"{b}: {sum(by_distance[b]) / len(by_distance[b]):.2f}" for b in buckets))
+            continue
+        for where, count in found.most_common():
+            print(f"{where:32s} {count / total:.2f}")
+        buckets = [distance_bucket(low) for low, _ in DISTANCE_BUCKETS if distance_bucket(low) in by_distance]
+        print("by distance: " + ", ".join(f"{b}: {sum(by_distance[b]) / len(by_distance[b]):.2f}" for b in buckets))
 
 
 if __name__ == "__main__":
