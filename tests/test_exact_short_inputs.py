@@ -6,6 +6,7 @@ saved folders carry the code that does it; decoders, other modes and uneven leng
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from conftest import MODELS, OLD_LENGTH, make_model, outputs, reload_and_compare, sharpen_qk, token_ids
 
 import posswap
+from posswap.portable.posswap_functional import resample_table
 from posswap.portable.posswap_placement import explicit_position_ids, short_input_position_ids
 
 NEW_LENGTH = 4 * OLD_LENGTH
@@ -200,3 +202,26 @@ def test_no_native_export(tmp_path):
     with pytest.raises(ValueError, match="exact_short_inputs"):
         posswap.export(exact, tmp_path / "native")
     assert not (tmp_path / "native").exists()
+
+
+def test_stride_blocks_read_each_block_of_the_table_at_its_own_step(tmp_path):
+    # max_length 4 * OLD in two blocks: each the 2 * OLD-row stride table, the second plus 2/3 (e_2 - e_1).
+    stock = sharpen_qk(make_model("bert", "BertForMaskedLM"))
+    blocks = posswap.patch(copy.deepcopy(stock), dataclasses.replace(PER_LENGTH, stride_blocks=2))
+    old = stock.bert.embeddings.position_embeddings.weight.detach()
+    half = resample_table(old, 2 * OLD_LENGTH, "stride")
+    by_hand = torch.cat([half, half + (old[2] - old[1]) * (0.4 / 0.6)])
+    torch.testing.assert_close(blocks.bert.embeddings.position_embeddings.weight.detach(), by_hand)
+    plain = copy.deepcopy(stock)  # the stock model reading the hand-made table at the positions it is given
+    plain.bert.embeddings.position_embeddings = torch.nn.Embedding.from_pretrained(by_hand)
+    with torch.no_grad():
+        # Within the old length: the old rows (step 2 in the first block); within a block: step 1; past it too.
+        for length, step in ((OLD_LENGTH, 2), (OLD_LENGTH + 8, 1), (3 * OLD_LENGTH, 1)):
+            ids = token_ids(length)
+            positions = torch.arange(length)[None].expand(2, -1) * step
+            expected = plain(input_ids=ids, position_ids=positions, token_type_ids=torch.zeros_like(ids)).logits
+            torch.testing.assert_close(outputs(blocks, ids), expected, atol=1e-5, rtol=0)
+        short = token_ids(OLD_LENGTH)
+        torch.testing.assert_close(outputs(blocks, short), outputs(stock, short), atol=1e-5, rtol=0)
+    loaded = reload_and_compare(blocks, tmp_path, 3 * OLD_LENGTH)
+    assert loaded.config.posswap["stride_blocks"] == 2

@@ -5,13 +5,16 @@ naming chunk or another chunk of it, or another document's fact chunk (same ques
     python tools/context_diagnosis.py MODEL --length 2048 --documents 32 --training   # the recipe's own
     python tools/context_diagnosis.py MODEL --length 1024 --documents 48 --window 512  # read in 512-token windows
     python tools/context_diagnosis.py MODEL --length 2048 --documents 48 --shift       # which part costs
+    python tools/context_diagnosis.py MODEL --length 2048 --documents 48 --band 256    # attention within 256 tokens
 
 A miss inside the document (naming chunk) says the chunk lost its own words to the context; a miss in another
 document's fact chunk for the same question says the chunk does not carry its subject. On the recipe's templates
 against the evaluation's: how much of a score is what the recipe learned by heart. Task seed 5 (the README's
 figures use seed 0). The last line: the fact's chunk first by the distance from its subject's naming chunk, in
 chunks (``--window``: each chunk pooled in a window of that many tokens, as a model that reads no further would).
-``--shift``: the fact's chunk first for documents that mix the evaluation's parts (names, questions and facts,
+``--band W``: each token attends only to tokens at most W away (the whole document still read at its positions):
+with ``--window 2W``'s figure, whether a model loses a nearby fact to the number of tokens it attends to or to the
+positions it reads them at. ``--shift``: the fact's chunk first for documents that mix the evaluation's parts (names, questions and facts,
 introductions and headings, haystacks) with the recipe's, one line each: which part of the distance between the
 recipe's templates and the evaluation's costs the most.
 """
@@ -24,6 +27,8 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from posswap.evaluation.context_retrieval import DISTANCE_BUCKETS, distance_bucket
 from posswap.evaluation.context_task import EVALUATION, build_context_task, max_context_documents
@@ -58,6 +63,20 @@ def first_hits(model, task) -> tuple[collections.Counter, dict[str, list[bool]]]
     return found, by_distance
 
 
+def banded_sdpa(width: int):
+    """transformers' SDPA attention with every key further than ``width`` tokens from its query masked out."""
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        distance = torch.arange(query.shape[-2])[:, None] - torch.arange(key.shape[-2])[None, :]
+        band = torch.zeros(distance.shape, dtype=query.dtype).masked_fill(distance.abs() > width, float("-inf"))
+        if attention_mask is not None and attention_mask.dtype == torch.bool:
+            attention_mask = torch.zeros(attention_mask.shape, dtype=query.dtype).masked_fill(~attention_mask, -1e30)
+        mask = band if attention_mask is None else attention_mask + band
+        return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
+
+    return attention
+
+
 def shifted_templates():
     """(label, templates): the recipe's, the evaluation's, and mixes of the two, one part at a time. With the
     recipe's questions each document draws two of its kind's, so fewer documents answer the same question than
@@ -85,6 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     which.add_argument("--training", action="store_true", help="the recipe's templates, not the evaluation's")
     which.add_argument("--shift", action="store_true", help="the evaluation's parts mixed with the recipe's")
     parser.add_argument("--window", type=int, help="read each document in windows of this many tokens")
+    parser.add_argument("--band", type=int, help="attend only to tokens at most this many tokens away")
     args = parser.parse_args(argv)
     if args.shift:
         runs = shifted_templates()
@@ -95,11 +115,21 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--documents must be 1 to {most} (the subjects' names run out), got {args.documents}.")
     if args.window is not None and args.window < CHUNK_TOKENS:
         parser.error(f"--window must hold a chunk of {CHUNK_TOKENS} tokens, got {args.window}.")
+    if args.band is not None and args.band < 1:
+        parser.error(f"--band must be 1 token or more, got {args.band}.")
     if args.length < 3 * CHUNK_TOKENS:
         parser.error(f"--length must hold three chunks of {CHUNK_TOKENS} tokens, got {args.length}.")
     model = load_sentence_transformer(args.model, device="cpu")
+    if model is None:
+        parser.error(
+            f"MODEL {args.model} is not a sentence-transformers folder (no modules.json): give the model's "
+            "own folder, e.g. out/minilm-late-2k/model."
+        )
     if args.window:
         model.max_seq_length = args.window
+    if args.band:
+        AttentionInterface.register("posswap_diagnosis_band", banded_sdpa(args.band))
+        model[0].auto_model.set_attn_implementation("posswap_diagnosis_band")
     for label, templates in runs:
         task = build_context_task(model.tokenizer, args.length, args.documents, TASK_SEED, CHUNK_TOKENS, templates)
         found, by_distance = first_hits(model, task)

@@ -30,7 +30,8 @@ class InterpolateConfig(PositionConfig):
         metadata={
             "help": "How the learned table grows to max_length: copy (tile the old rows, Longformer), linear or cubic "
             "(resample it: position interpolation), stride (old row i at position k*i, k = max_length // old, the rows "
-            "between interpolated: LongEmbed's E5-Base-4k).",
+            "between interpolated: LongEmbed's E5-Base-4k), hierarchical (position p reads old row p % old plus a vector "
+            "for its block p // old: neighbours keep their exact old distances at every length; Su 2020).",
             "rule": choice(*RESAMPLE_MODES),
         },
     )
@@ -57,13 +58,23 @@ class InterpolateConfig(PositionConfig):
         },
     )
 
+    stride_blocks: int = field(
+        default=1,
+        metadata={
+            "help": "With mode stride, the table in this many blocks of max_length / stride_blocks rows, each the "
+            "stride table of that length and each after the first plus a coarse block vector (hierarchical's): a "
+            "2048-token model in 2 blocks reads neighbours half an old position apart, not a quarter.",
+            "rule": check_rule("stride_blocks_problem", optional=True),  # portable/posswap_interpolate.py
+        },
+    )
+
     def bytes_per_row(self, sites: Sites) -> int:
         return resampled_table_bytes_per_row(sites)  # the table resized to max_length
 
 
-def resized_table_weight(sites: Sites, max_length: int, mode: str) -> torch.Tensor:
+def resized_table_weight(sites: Sites, max_length: int, mode: str, blocks: int = 1) -> torch.Tensor:
     """The table's new weight for ``max_length`` tokens (RoBERTa's padding rows kept as they are)."""
-    return resample_positions(sites.table.weight.detach(), sites.offset, max_length, mode)
+    return resample_positions(sites.table.weight.detach(), sites.offset, max_length, mode, blocks)
 
 
 def check(model: nn.Module, sites: Sites, config: InterpolateConfig) -> None:
@@ -93,10 +104,12 @@ def check_exact_short_inputs(model: nn.Module, sites: Sites, config: Interpolate
     previous = getattr(model.config, "posswap", None)
     original = previous["original_length"] if previous else sites.max_length
     # Old row i sits at k*i only if every stride so far was a whole number (2048 -> 4096 after 512 -> 2048).
-    if config.max_length % sites.max_length or sites.max_length % original or config.max_length < 2 * original:
+    length = config.max_length // (config.stride_blocks or 1)  # one block's stride table
+    if length % sites.max_length or sites.max_length % original or length < 2 * original:
         raise ValueError(
-            f"exact_short_inputs needs max_length a multiple (2x or more) of the original length {original} and of "
-            f"the current one {sites.max_length}, so that old row i sits at position k*i; got {config.max_length}."
+            f"exact_short_inputs needs max_length / stride_blocks a multiple (2x or more) of the original length "
+            f"{original} and of the current one {sites.max_length}, so that old row i sits at position k*i; got "
+            f"{length}."
         )
 
 
@@ -111,7 +124,8 @@ def apply(model: nn.Module, sites: Sites, config: InterpolateConfig) -> None:
             config.max_length,
             config.max_length,
         )
-    replace_table_weight(sites.table, resized_table_weight(sites, config.max_length, config.mode))
+    blocks = config.stride_blocks or 1
+    replace_table_weight(sites.table, resized_table_weight(sites, config.max_length, config.mode, blocks))
 
 
 def export_refusal(block: dict) -> str:

@@ -48,7 +48,8 @@ class TupeConfig(PositionConfig):
         default="copy",
         metadata={
             "help": "How the learned table grows to max_length: copy (tile the old rows), linear or cubic (resample it), "
-            "as interpolate's mode (stride is interpolate's alone).",
+            "hierarchical (old row p % old plus a block vector), as interpolate's mode (its stride options are "
+            "interpolate's alone).",
             "rule": choice(*RESAMPLE_MODES),
         },
     )

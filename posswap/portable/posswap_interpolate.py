@@ -39,6 +39,17 @@ def stride_per_length_problem(value, block: dict) -> str | None:
     return None
 
 
+@block_check
+def stride_blocks_problem(value, block: dict) -> str | None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        return "must be a whole number, 1 or more"
+    if value > 1 and block.get("mode") != "stride":
+        return f"needs mode 'stride' (each block a stride table), not mode {block.get('mode')!r}"
+    if value > 1 and block.get("max_length", 0) % value:
+        return f"must divide max_length {block.get('max_length')} into blocks of equal length"
+    return None
+
+
 def learned_map(model: nn.Module, sites: Sites, positions: torch.Tensor) -> tuple[torch.Tensor, str]:
     """The learned table's rows at ``positions``: the cosine of each pair."""
     rows = sites.table.weight.detach()[sites.offset : sites.offset + sites.max_length].cpu()

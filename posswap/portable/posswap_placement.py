@@ -54,11 +54,12 @@ def short_input_position_ids(
 def row_steps(real_tokens: torch.Tensor, block: dict) -> torch.Tensor:
     """(batch,) the step between two tokens' positions in a row of ``real_tokens`` tokens: k within the original
     length, beyond it 1, or with ``stride_per_length`` the widest whole step that stays within ``max_length``."""
-    stride = block["max_length"] // block["original_length"]
+    length = block["max_length"] // (block.get("stride_blocks") or 1)  # one stride table's rows
+    stride = length // block["original_length"]
     if block.get("stride_per_length"):
         real_tokens = real_tokens.clamp(min=1)
-        # max_length as a tensor: torch's ONNX exporter has no int // tensor
-        return (torch.full_like(real_tokens, block["max_length"]) // real_tokens).clamp(min=1, max=stride)
+        # the length as a tensor: torch's ONNX exporter has no int // tensor
+        return (torch.full_like(real_tokens, length) // real_tokens).clamp(min=1, max=stride)
     return torch.where(real_tokens <= block["original_length"], stride, 1)
 
 
