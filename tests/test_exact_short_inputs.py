@@ -225,3 +225,11 @@ def test_stride_blocks_read_each_block_of_the_table_at_its_own_step(tmp_path):
         torch.testing.assert_close(outputs(blocks, short), outputs(stock, short), atol=1e-5, rtol=0)
     loaded = reload_and_compare(blocks, tmp_path, 3 * OLD_LENGTH)
     assert loaded.config.posswap["stride_blocks"] == 2
+
+
+def test_a_table_in_stride_blocks_is_not_re_patched():
+    blocks = posswap.patch(make_model("bert", "BertModel"), dataclasses.replace(PER_LENGTH, stride_blocks=2))
+    before = blocks.embeddings.position_embeddings.weight.detach().clone()
+    with pytest.raises(ValueError, match="laid out in 2 stride blocks"):
+        posswap.patch(blocks, posswap.InterpolateConfig(max_length=2 * NEW_LENGTH, mode="stride"))
+    assert torch.equal(blocks.embeddings.position_embeddings.weight, before)  # nothing half-done

@@ -68,10 +68,13 @@ def banded_sdpa(width: int):
 
     def attention(module, query, key, value, attention_mask, **kwargs):
         distance = torch.arange(query.shape[-2])[:, None] - torch.arange(key.shape[-2])[None, :]
-        band = torch.zeros(distance.shape, dtype=query.dtype).masked_fill(distance.abs() > width, float("-inf"))
-        if attention_mask is not None and attention_mask.dtype == torch.bool:
-            attention_mask = torch.zeros(attention_mask.shape, dtype=query.dtype).masked_fill(~attention_mask, -1e30)
-        mask = band if attention_mask is None else attention_mask + band
+        far = distance.abs() > width
+        if attention_mask is None:
+            mask = ~far
+        elif attention_mask.dtype == torch.bool:
+            mask = attention_mask & ~far
+        else:
+            mask = attention_mask + torch.zeros(far.shape, dtype=query.dtype).masked_fill(far, float("-inf"))
         return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
 
     return attention

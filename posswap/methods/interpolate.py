@@ -86,6 +86,12 @@ def check(model: nn.Module, sites: Sites, config: InterpolateConfig) -> None:
             "Start from the original checkpoint."
         )
     previous = getattr(model.config, "posswap", None)
+    if previous and (previous.get("stride_blocks") or 1) > 1:
+        # Its old rows no longer sit at k*i across the table: a stride over it would misplace short inputs.
+        raise ValueError(
+            f"This table was laid out in {previous['stride_blocks']} stride blocks; re-patching it would not give "
+            "the original table laid out again. Start from the original checkpoint."
+        )
     if previous and previous.get("mode") != config.mode:
         # Resampling a table that was already resampled is not the original resampled another way.
         raise ValueError(

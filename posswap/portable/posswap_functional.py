@@ -46,36 +46,41 @@ def resample_table(table: torch.Tensor, rows: int, mode: str) -> torch.Tensor:
     return resized[0, :, :, 0].t().to(table.dtype).contiguous()
 
 
-def hierarchical_table(table: torch.Tensor, rows: int, alpha: float = HIERARCHICAL_ALPHA) -> torch.Tensor:
+def hierarchical_table(table: torch.Tensor, rows: int) -> torch.Tensor:
     """Su Jianlin's hierarchical decomposition of a learned table (2020, "BERT for longer texts"), anchored at row
     1: with ``u_i = (e_{i+1} - alpha e_1) / (1 - alpha)``, position ``p = q * n + r`` (n old rows) reads
     ``e_r + alpha / (1 - alpha) (e_{1+q} - e_1)``: its old row within the block (so every position below n keeps its
     exact vector, and two tokens of one block their exact old offsets) plus a coarse block vector. Su anchors at row
-    0; a BERT's row 0 is its [CLS]'s, far from the rest (all-MiniLM-L6-v2: norm 2.4 against 0.4), and would add most
-    of itself to every token past n. Shrinking keeps the first ``rows`` rows; ``rows`` up to n (n - 1)."""
+    0; a BERT's row 0 is its [CLS]'s, far from the rest, and would add most of itself to every token past n.
+    Shrinking keeps the first ``rows`` rows; ``rows`` up to n (n - 1)."""
     old = table.shape[0]
     if rows <= old:
         return table[:rows].clone()
     if rows > old * (old - 1):
         raise ValueError(f"hierarchical placement reaches {old * (old - 1)} positions from {old} rows; got {rows}.")
-    placed = table.detach().to(torch.promote_types(table.dtype, torch.float32))  # bf16 math in fp32, fp64 kept
-    positions = torch.arange(rows)
-    blocks = (placed[1 + positions // old] - placed[1]) * (alpha / (1 - alpha))
-    return (placed[positions % old] + blocks).to(table.dtype).contiguous()
+    return blocks_with_vectors(table, table, rows)
 
 
-def blocked_stride_table(table: torch.Tensor, rows: int, blocks: int, alpha: float = HIERARCHICAL_ALPHA):
+def blocked_stride_table(table: torch.Tensor, rows: int, blocks: int) -> torch.Tensor:
     """``blocks`` stride tables of ``rows // blocks`` rows end to end, each block after the first plus the block
-    vector of :func:`hierarchical_table` (``alpha / (1 - alpha) (e_{1+q} - e_1)``): position ``p = q * B + r`` reads
-    row r of the B-row stride table, so neighbours stand ``old / B`` old positions apart (not ``old / rows``) and
-    the blocks differ by a coarse vector. One block is :func:`stride_table`."""
+    vector of :func:`hierarchical_table`: position ``p = q * B + r`` reads row r of the B-row stride table, so
+    neighbours stand ``old / B`` old positions apart (not ``old / rows``) and the blocks differ by a coarse vector.
+    One block is :func:`stride_table`."""
     length = rows // blocks
     if blocks < 1 or length * blocks != rows or blocks >= table.shape[0]:
         raise ValueError(f"stride_blocks must divide {rows} into blocks, fewer than {table.shape[0]}; got {blocks}.")
-    placed = table.detach().to(torch.promote_types(table.dtype, torch.float32))
-    block = stride_table(placed, length)
+    return blocks_with_vectors(stride_table(table, length), table, rows)
+
+
+def blocks_with_vectors(block: torch.Tensor, table: torch.Tensor, rows: int) -> torch.Tensor:
+    """``rows`` positions laid out as copies of ``block`` end to end, copy q plus the old ``table``'s block vector
+    ``alpha / (1 - alpha) (e_{1+q} - e_1)`` (zero for the first). Math in fp32 at least (fp64 kept), result in the
+    table's dtype."""
+    dtype = torch.promote_types(table.dtype, torch.float32)
+    placed, block = table.detach().to(dtype), block.detach().to(dtype)
     positions = torch.arange(rows)
-    vectors = (placed[1 + positions // length] - placed[1]) * (alpha / (1 - alpha))
+    length = block.shape[0]
+    vectors = (placed[1 + positions // length] - placed[1]) * (HIERARCHICAL_ALPHA / (1 - HIERARCHICAL_ALPHA))
     return (block[positions % length] + vectors).to(table.dtype).contiguous()
 
 
@@ -101,6 +106,8 @@ def resample_positions(weight: torch.Tensor, offset: int, rows: int, mode: str, 
     (RoBERTa's padding rows) kept as they are, the rest resampled with :func:`resample_table` (``blocks`` > 1:
     :func:`blocked_stride_table`)."""
     head, body = weight[:offset], weight[offset:]
+    if blocks > 1 and mode != "stride":
+        raise ValueError(f"stride blocks are stride tables; got mode {mode!r}.")
     if blocks > 1:
         return torch.cat([head, blocked_stride_table(body, rows, blocks)])
     return torch.cat([head, resample_table(body, rows, mode)])
