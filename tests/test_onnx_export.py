@@ -126,18 +126,20 @@ def test_a_missing_graph_is_refused(exported, tmp_path):
         with_onnx_graph(posswap.from_pretrained(str(exported["patched"]), device="cpu"), tmp_path / "none.onnx")
 
 
-@pytest.mark.parametrize("per_length", ["false", "true"])
-def test_a_transformers_folder_exports_in_optimums_layout(bases, tmp_path, per_length):
+@pytest.mark.parametrize("per_length,blocks", [("false", 1), ("true", 1), ("true", 2)])
+def test_a_transformers_folder_exports_in_optimums_layout(bases, tmp_path, per_length, blocks):
     source = tmp_path / "patched"
     assert main(["patch", str(bases / "bert"), "--method", "interpolate", "--max-length", "128", "--mode", "stride",
-                 "--exact-short-inputs", "true", "--stride-per-length", per_length, "--out", str(source)]) == 0  # fmt: skip
+                 "--exact-short-inputs", "true", "--stride-per-length", per_length, "--stride-blocks", str(blocks),
+                 "--out", str(source)]) == 0  # fmt: skip
     assert main(["export", str(source), "--format", "onnx", "--out", str(tmp_path / "out")]) == 0
     import onnxruntime
 
     model = posswap.from_pretrained(str(source)).eval()
     assert model.config.posswap["stride_per_length"] == (per_length == "true")
+    assert (model.config.posswap.get("stride_blocks") or 1) == blocks
     session = onnxruntime.InferenceSession(str(tmp_path / "out" / "model.onnx"), providers=["CPUExecutionProvider"])
-    for length in (20, 50, 100):  # within the old 32 positions, and past them (read at steps of 2 per length)
+    for length in (20, 50, 100):  # within the old 32 positions, past them, and (2 blocks) in the second block
         ids = torch.randint(1000, 5000, (1, length), generator=torch.Generator().manual_seed(length))
         feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
         with torch.no_grad():
