@@ -143,6 +143,32 @@ def parity_block(run: Path, seeds: list[Path]) -> list[str]:
         f"model's {stock_chunk_tokens(data['models'])} tokens (late-chunk-max pools the same spans in the whole "
         "document). Each seed: " + ", ".join(r.name for r in seeds) + ".",
     ]
+    return lines + untouched_parity_lines(run.parent)
+
+
+def untouched_parity_lines(root: Path) -> list[str]:
+    """Per ``task-seed-N/RUN`` scored on passkey and needle: late - stock chunks and the one vector per length."""
+    lines = []
+    for run in [r for folder in sorted(root.glob("task-seed-*")) for r in runs(folder)]:
+        parts = []
+        for task in ("passkey", "needle"):
+            path = run / task / "retrieval.json"
+            if not path.is_file():
+                continue
+            data = load(path)
+            stock, late, vector = retrieval_columns(data["models"])
+            m = data["models"]
+            cells = [
+                f"{n}: {m[late]['accuracy'][i] - m[stock]['accuracy'][i]:+.2f} / {m[vector]['accuracy'][i]:.2f}"
+                for i, n in enumerate(data["lengths"])
+            ]
+            parts.append(f"{task} " + "; ".join(cells))
+        if parts:
+            seed = load(run / "context" / "context.json")["seed"]
+            lines += [
+                "",
+                f"On task seed {seed}, {run.name} (late - stock chunks / one vector): " + "; ".join(parts) + ".",
+            ]
     return lines
 
 
