@@ -143,13 +143,13 @@ def parity_block(run: Path, seeds: list[Path]) -> list[str]:
         f"model's {stock_chunk_tokens(data['models'])} tokens (late-chunk-max pools the same spans in the whole "
         "document). Each seed: " + ", ".join(r.name for r in seeds) + ".",
     ]
-    return lines + untouched_parity_lines(run.parent)
+    return lines
 
 
 def untouched_parity_lines(root: Path) -> list[str]:
     """Per ``task-seed-N/RUN`` scored on passkey and needle: late - stock chunks and the one vector per length."""
     lines = []
-    for run in [r for folder in sorted(root.glob("task-seed-*")) for r in runs(folder)]:
+    for run in untouched_runs(root):
         parts = []
         for task in ("passkey", "needle"):
             path = run / task / "retrieval.json"
@@ -191,10 +191,15 @@ def seeds_line(found: list[Path]) -> str:
     return "The recipe's late chunks over its trained seeds (mean ± sd, all chunks): " + "; ".join(cells) + "."
 
 
+def untouched_runs(root: Path) -> list[Path]:
+    """The recipe's runs on task seeds nothing was chosen on: ``task-seed-N/RUN``."""
+    return [r for folder in sorted(root.glob("task-seed-*")) for r in runs(folder)]
+
+
 def untouched_lines(root: Path) -> list[str]:
     """The recipe's late chunks on task seeds nothing was chosen on (``task-seed-N/RUN``), one line each."""
     lines = []
-    for run in [r for folder in sorted(root.glob("task-seed-*")) for r in runs(folder)]:
+    for run in untouched_runs(root):
         context = load(run / "context" / "context.json")
         row = context["rows"][recipe_late_row(context)]
         cells = [f"{n}: {cell(a, e)}" for n, a, e in zip(context["lengths"], row["accuracy"], row["stderr"])]
@@ -250,7 +255,7 @@ def blocks(root: Path) -> dict[str, list[str]]:
     tried = [r for r in history if (r / "changes.diff").is_file()]  # a change to the recipe or placement, tried
     return {
         "summary": summary_block(run) + ["", seeds_line(found)] + untouched_lines(root),
-        "parity": parity_block(run, complete),
+        "parity": parity_block(run, complete) + untouched_parity_lines(root),
         "placement": placement_block(complete, tried),
     }
 
