@@ -16,8 +16,9 @@ without posswap. Variants:
   alibi-sdpa  posswap ALiBi through SDPA (symmetric for the encoder); on CPU the blocked paths, no (heads, n, n)
               bias: inference portable/posswap_blocked.py, training portable/posswap_blocked_grad.py
   alibi-dense the same with the dense (heads, n, n) bias forced (the path before the blocked one)
-  alibi-flex  posswap ALiBi, bias in flex_attention's score_mod (torch.compile'd, compile time excluded);
-              forward only on CPU: torch 2.13's flex_attention has no CPU backward
+  alibi-flex  posswap ALiBi, bias in flex_attention's score_mod (torch.compile'd, compile time excluded) on a
+              GPU; on CPU backend="flex" runs the sdpa path (portable/posswap_flex_route.py), so this variant
+              measures alibi-sdpa there (the committed CPU alibi-flex rows predate that route)
   sinusoidal  posswap's fixed sin/cos table in place of the learned one (a row lookup, as stock)
   nope        no positions at all (table dropped, nothing added)
   t5-bias     posswap t5-bias (32 buckets shared by the layers) through SDPA, blocked on CPU as alibi-sdpa;

@@ -28,11 +28,6 @@ from posswap.registry import registered
 
 registered()  # posswap's own methods, registered before a test module reads the table at collection
 
-# torch 2.13's CPU inductor miscompiles flex attention once it turns a recompile dynamic (CppCompileError,
-# "cur_qSplitSize7 was not declared"): tests that run flex at several shapes in one process compile each
-# shape statically instead.
-torch._dynamo.config.automatic_dynamic_shapes = False
-
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
 OLD_LENGTH = 32  # tokens the tiny models read before patching
 

@@ -26,8 +26,7 @@ from posswap.hub import push_to_hub
 NEW_LENGTH = 96
 
 # name -> (model_type, head, Auto class, config). Heads: base, causal LM, masked LM, sequence / token classification.
-# No GPT-2 flex case: generate's one-token steps make torch 2.13's CPU inductor fail to compile flex attention
-# (CppCompileError, not posswap's code); flex is covered by the encoder case.
+# The flex cases run SDPA on CPU (portable/posswap_flex_route.py): a folder carries that route too.
 CASES = {
     "gpt2-rope": ("gpt2", "GPT2LMHeadModel", "AutoModelForCausalLM", posswap.RopeConfig(max_length=NEW_LENGTH)),
     "gpt2-rope-yarn-partial": (
@@ -43,6 +42,12 @@ CASES = {
         posswap.RopeConfig(max_length=NEW_LENGTH, rope_type="dynamic", backend="eager"),
     ),
     "gpt2-alibi": ("gpt2", "GPT2LMHeadModel", "AutoModelForCausalLM", posswap.AlibiConfig(max_length=NEW_LENGTH)),
+    "gpt2-rope-flex": (
+        "gpt2",
+        "GPT2LMHeadModel",
+        "AutoModelForCausalLM",
+        posswap.RopeConfig(max_length=NEW_LENGTH, backend="flex"),
+    ),
     "gpt2-alibi-eager-keep": (
         "gpt2",
         "GPT2LMHeadModel",
@@ -194,9 +199,6 @@ def load_without_posswap(jobs: list[dict], env: dict | None = None) -> list[dict
 def saved(tmp_path_factory):
     """Every case patched and saved with model.save_pretrained; the posswap.from_pretrained reference of each."""
     root = tmp_path_factory.mktemp("portable")
-    # torch 2.13's CPU inductor fails (CppCompileError) recompiling flex attention for dynamic shapes after other
-    # files' flex tests in the same process: the one flex case here compiles from a clean cache.
-    torch._dynamo.reset()
     os.environ["HF_MODULES_CACHE"] = str(root / "modules")  # the subprocess caches the bundle here
     jobs, references = [], {}
     for name, (model_type, head, auto, config) in CASES.items():

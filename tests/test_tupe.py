@@ -83,18 +83,9 @@ def test_the_correlation_starts_as_the_first_layers_position_term():
     assert model.config.posswap["cls_reset"] is False  # decoders: no [CLS]
 
 
-@pytest.fixture
-def fresh_compiler():
-    """torch 2.13's CPU inductor fails (CppCompileError) when flex attention is recompiled for dynamic shapes,
-    which the other files' flex tests and these would trigger in one process: each starts from a clean cache."""
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 @pytest.mark.parametrize("relative", [False, True])
 @pytest.mark.parametrize("model_type,head", [("gpt2", "GPT2LMHeadModel"), ("roberta", "RobertaModel")])
-def test_kernels_agree(model_type, head, relative, fresh_compiler):
+def test_kernels_agree(model_type, head, relative):
     assert_kernels_agree(
         model_type, lambda backend: scramble(patched(model_type, head, backend=backend, relative=relative))
     )

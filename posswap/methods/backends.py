@@ -15,7 +15,10 @@ from ..portable.posswap_attention import BACKENDS, BIAS_IMPLEMENTATIONS
 from ..portable.posswap_rules import choice
 
 # The help of the ``backend`` option, one text for every method that has it (one name, one meaning).
-BACKEND_HELP = "Attention kernel: sdpa, flex or eager; default: what the model was loaded with."
+BACKEND_HELP = (
+    "Attention kernel: sdpa, flex (flex attention on a GPU; on CPU the sdpa path, exact on every CPU) or eager; "
+    "default: what the model was loaded with."
+)
 
 
 def backend_field():

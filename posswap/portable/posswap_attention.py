@@ -9,7 +9,7 @@ their parameters are saved, loaded and moved like any other. What one forward bu
 mask, TUPE's features) is kept in that call's own state (``posswap_state.py``), never on a provider: a model
 served from several threads gives every call its own output. ``posswap_flex`` is transformers' own flex
 attention under a name any model may use (transformers 5 refuses ``flex_attention`` for GPT-2): RoPE's
-``backend="flex"``.
+``backend="flex"``. Both flex kernels run flex attention off the CPU and SDPA on it (``posswap_flex_route.py``).
 
 The functions are called after the KV-cache update, with ``query``/``key``/``value`` of shape
 (batch, heads, length, head_dim). It travels with saved models (``posswap/portable``), so it imports
@@ -40,6 +40,7 @@ from .posswap_blocked import (
     wanted,
 )
 from .posswap_blocked_grad import BlockedBiasAttention, make_plan, trainable
+from .posswap_flex_route import flex_or_sdpa_mask, plain_flex_attention, refuse_dropout, runs_flex
 from .posswap_functional import hide_future
 from .posswap_hooks import CACHE_KWARGS, find_hooks
 from .posswap_state import STATE_KWARG, install_call_state, shared
@@ -371,16 +372,13 @@ def bias_eager_attention(module, query, key, value, attention_mask, dropout: flo
 
 
 def bias_flex_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
-    """flex_attention with the bias computed inside the kernel by ``score_mod``: no (batch, heads, q, k) tensor."""
+    """flex_attention with the bias computed inside the kernel by ``score_mod``: no (batch, heads, q, k) tensor.
+    On CPU the SDPA path with the same bias (``posswap_flex_route.py``: the CPU kernel is not exact everywhere)."""
+    refuse_dropout(dropout)
+    if not runs_flex(query.device):
+        return bias_sdpa_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     if not hasattr(module, "posswap_bias"):
-        return flex_attention_forward(
-            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
-        )
-    if dropout > 0:
-        raise ValueError(
-            "Backend 'flex' has no attention dropout. Set the model's attention dropout to 0 "
-            "(attn_pdrop / attention_probs_dropout_prob), call model.eval(), or patch with backend='sdpa'."
-        )
+        return flex_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     batch, _, q_len, _ = query.shape
     k_len = key.shape[2]
     if attention_mask is not None and not isinstance(attention_mask, BlockMask):
@@ -435,12 +433,12 @@ def install_bias(
 
 def register() -> None:
     """Idempotent: transformers' interfaces are plain global mappings."""
-    AttentionInterface.register(FLEX, flex_attention_forward)
-    AttentionMaskInterface.register(FLEX, flex_attention_mask)  # without it no mask is built
+    AttentionInterface.register(FLEX, plain_flex_attention)
+    AttentionMaskInterface.register(FLEX, flex_or_sdpa_mask)  # without it no mask is built
     for backend, function, mask in (
         ("sdpa", bias_sdpa_attention, sdpa_mask),
         ("eager", bias_eager_attention, eager_mask),
-        ("flex", bias_flex_attention, flex_attention_mask),
+        ("flex", bias_flex_attention, flex_or_sdpa_mask),
     ):
         AttentionInterface.register(BIAS_IMPLEMENTATIONS[backend], function)
         AttentionMaskInterface.register(BIAS_IMPLEMENTATIONS[backend], mask)
