@@ -35,7 +35,10 @@ def short_input_position_ids(
     Counted as the stock model counts: BERT's family from the first token, pads included; RoBERTa's
     (``offset`` > 0, its padding rows) over real tokens only, pads reading the padding row ``pad_token_id``.
     Padding past a short row's end would reach past the table at k * i: it is clamped to the last row (its
-    outputs are masked)."""
+    outputs are masked). That clamp holds only at indices within the table: a token at an index past it gets the
+    id ``offset + index``, past the last row, so that an input longer than the model reads is refused as a model
+    without this placement refuses it (in torch by the length guard, which checks these ids, with its message; in
+    an ONNX graph by the table's Gather), never read at the last row."""
     batch, length = tokens.shape[:2]
     device = tokens.device
     steps = torch.arange(length, device=device).expand(batch, length)
@@ -48,7 +51,9 @@ def short_input_position_ids(
     else:  # no mask (or a prepared 4-d one): every token that is not a pad is real
         real_tokens = torch.full((batch,), length, device=device) if pads is None else (~pads).sum(-1)
     ids = (steps * row_steps(real_tokens, block)[:, None] + offset).clamp(max=rows - 1)
-    return ids if pads is None else ids.masked_fill(pads, pad_token_id)
+    ids = ids if pads is None else ids.masked_fill(pads, pad_token_id)
+    index = torch.arange(length, device=device) + offset
+    return torch.where(index < rows, ids, index)  # within the table: unchanged
 
 
 def row_steps(real_tokens: torch.Tensor, block: dict) -> torch.Tensor:
