@@ -7,19 +7,24 @@ overlapping windows). LanceDB stores each piece with its text, its document and 
 in a folder.
 
 LanceDB because it is a real vector database that runs in the process (no server), installs from PyPI with its
-wheels (``pip install lancedb``) and keeps the text and metadata beside each vector in one table; sqlite-vec needs
-an SQLite that loads extensions, which many Python builds do not have.
+wheels (``pip install 'posswap[vectordb]'``) and keeps the text and metadata beside each vector in one table;
+sqlite-vec needs an SQLite that loads extensions, which many Python builds do not have.
 
     python examples/late_chunk_index.py index  MODEL FOLDER DB       # every .txt file of FOLDER
     python examples/late_chunk_index.py search MODEL DB "What pet does Wren Okafor keep?"
+
+A mistake (LanceDB not installed, a model folder that does not exist, a folder with no .txt file) is one line on
+stderr and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import posswap
+from posswap.extras import MissingExtra, require
 
 TABLE = "chunks"
 
@@ -58,8 +63,8 @@ def search(model, db: str | Path, query: str, k: int = 3) -> list[dict]:
     return [{key: hit[key] for key in ("document", "start", "end", "text", "_distance")} for hit in hits]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="late_chunk_index.py", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     index = commands.add_parser("index", help="Index every .txt file of FOLDER into DB.")
     index.add_argument("model"), index.add_argument("folder"), index.add_argument("db")
@@ -67,7 +72,17 @@ def main() -> None:
     ask = commands.add_parser("search", help="The chunks of DB nearest a question.")
     ask.add_argument("model"), ask.add_argument("db"), ask.add_argument("query")
     ask.add_argument("-k", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    try:
+        run(args)
+    except (MissingExtra, ValueError, OSError) as error:  # the user's to fix: one line, no traceback
+        print(f"{parser.prog}: error: {' '.join(str(error).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run(args: argparse.Namespace) -> None:
+    require("vectordb", "lancedb", needed_for="examples/late_chunk_index.py")  # before the model loads
     model = posswap.from_pretrained(args.model)
     if args.command == "index":
         print(f"{index_folder(model, args.folder, args.db, args.max_tokens)} chunks written to {args.db}")
@@ -77,4 +92,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

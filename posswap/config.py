@@ -86,9 +86,18 @@ def check_number(
         raise ValueError(f"{name} must be {kind}{limits}, got {shown(value)}.")
 
 
-def check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):  # "no" from a hand-quoted YAML string would otherwise be true
-        raise ValueError(f"{name} must be true or false, got {shown(value)}.")
+def check_bool(name: str, value: Any, spelled: str = "true or false") -> None:
+    """Refuse ``value`` of ``name`` unless it is a bool: "no" (a hand-quoted YAML string, a string argument) would
+    otherwise count as true, and 0 or None pass as false. ``spelled``: how the message writes the two values."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be {spelled}, got {shown(value)}.")
+
+
+def check_flags(**flags: Any) -> None:
+    """The one check of the public functions' True/False arguments (``patch(..., allow_shrink=...)``), called
+    before they change anything: each must be a bool, or it is refused in one line naming it."""
+    for name, value in flags.items():
+        check_bool(name, value, "True or False")
 
 
 def check_text(name: str, value: Any) -> None:

@@ -25,6 +25,7 @@ import torch
 import transformers
 from torch import nn
 
+from .config import check_flags
 from .files import check_folder_target, write_folder
 from .methods.rope import RopeConfig
 from .patching import CONFIG_KEY, patched_config
@@ -57,24 +58,84 @@ class Target:
     extra_config: dict[str, Any]  # keys added to config.json after save_pretrained (older readers' names)
 
 
-def export(name_or_path: nn.Module | str | os.PathLike, out: str | os.PathLike, *, tokenizer: Any = None) -> Exported:
+def export(
+    name_or_path: nn.Module | str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    tokenizer: Any = None,
+    overwrite: bool = False,
+) -> Exported:
     """Write ``name_or_path`` (a posswap model, or a folder / Hub id loaded with ``posswap.from_pretrained``) to the
     new folder ``out`` as a native transformers model, when one computes the same logits (within 1e-4).
 
     The tokenizer of a source folder (or ``tokenizer``) is saved along; ``posswap.push_to_hub(out, repo_id)``
-    uploads the result. Raises ``ValueError`` with a one-line reason when no exact native architecture exists.
+    uploads the result. ``overwrite`` replaces a model folder at ``out`` written earlier (never the source folder).
+    Raises ``ValueError`` with a one-line reason when no exact native architecture exists.
     """
-    out = check_folder_target(out)  # a new or empty folder only, refused before any work
+    check_flags(overwrite=overwrite)  # "no" would replace the folder at out
+    source = None
     if isinstance(name_or_path, (str, os.PathLike)):
-        from .loading import load_model_and_tokenizer
+        from .loading import load_model_and_tokenizer, resolve_model_id
 
-        model, folder_tokenizer = load_model_and_tokenizer(str(name_or_path))
+        source = resolve_model_id(name_or_path)  # posswap:minilm -> its folder, so it is never overwritten
+    out = check_folder_target(out, overwrite, source)  # refused before any work, as is a damaged MODEL
+    if source is not None:
+        check_model_files(source)
+        model, folder_tokenizer = load_model_and_tokenizer(source)
         tokenizer = tokenizer or folder_tokenizer
     else:
         model = name_or_path
     target = native_target(model)
-    difference = _write_checked(model, target, tokenizer, out)
+    difference = _write_checked(model, target, tokenizer, out, overwrite, source)
     return Exported(out, target.architecture, difference)
+
+
+def check_model_files(name_or_path: str) -> None:
+    """A local model folder's files, read before any work: its ``config.json`` (the transformer's, in a
+    sentence-transformers folder) is JSON with a ``model_type``, and each ``*.safetensors`` file beside it has a
+    readable header. One line naming the file and what to do otherwise; a Hub id is left to the loader."""
+    root = Path(name_or_path)
+    if not root.is_dir():
+        return
+    modules = _json_file(root / "modules.json") if (root / "modules.json").is_file() else None
+    parts = [m for m in modules or () if isinstance(m, dict) and str(m.get("type")).endswith(".Transformer")]
+    inner = str(parts[0].get("path") or "") if parts else ""  # where the transformer is ("": the folder itself)
+    folder = root / inner
+    if not (folder / "config.json").is_file():
+        raise OSError(
+            f"{folder} has no config.json, so it is not a model folder: give the folder that save_pretrained or "
+            "posswap patch wrote, or save or download the model again."
+        )
+    config = _json_file(folder / "config.json")
+    if not isinstance(config, dict) or not config.get("model_type"):
+        raise ValueError(
+            f"{folder / 'config.json'} has no model_type, so transformers cannot tell which model it is: save or "
+            "download the model again."
+        )
+    for weights in sorted(folder.glob("*.safetensors")):
+        _check_safetensors(weights)
+
+
+def _json_file(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(
+            f"{path} is not valid JSON ({error}): the file is damaged or cut short; save or download the model again."
+        ) from None
+
+
+def _check_safetensors(path: Path) -> None:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt"):
+            pass
+    except (SafetensorError, OSError) as error:
+        raise ValueError(
+            f"{path} is not a readable safetensors file ({error}): it is damaged or cut short; save or download "
+            "the model again."
+        ) from None
 
 
 def native_target(model: nn.Module) -> Target:
@@ -313,7 +374,9 @@ def build_native(target: Target, dtype: torch.dtype) -> nn.Module:
     return native
 
 
-def _write_checked(model: nn.Module, target: Target, tokenizer: Any, out: Path) -> float:
+def _write_checked(
+    model: nn.Module, target: Target, tokenizer: Any, out: Path, overwrite: bool = False, source: str | None = None
+) -> float:
     """Save into a folder beside ``out``, load it back with plain transformers, compare, then move it into place
     (``files.write_folder``: nothing appears at ``out`` unless the check passes)."""
     differences = []
@@ -330,7 +393,7 @@ def _write_checked(model: nn.Module, target: Target, tokenizer: Any, out: Path) 
                 f"(limit {TOLERANCE:.0e}), so nothing was written; {REMOTE}."
             )
 
-    write_folder(out, write)
+    write_folder(out, write, overwrite, source)
     return differences[0]
 
 

@@ -48,6 +48,8 @@ def check_folder_target(
     if not target.exists() or not entries(target):  # a lock file a killed writer left is not content
         return target
     if not overwrite:
+        if _holds(target, source):  # --overwrite would not replace it either: no advice that fails next
+            raise _holds_source(flag, out, source)
         raise ValueError(
             f"{flag} {out} already exists and is not empty: choose a new folder, or pass --overwrite to replace "
             "a model folder written earlier."
@@ -56,11 +58,21 @@ def check_folder_target(
         raise ValueError(
             f"{flag} {out} is not a model folder (no config.json), so --overwrite does not replace it; choose a new folder."
         )
-    if source is not None and os.path.exists(source):
-        real_source, real_target = Path(os.path.realpath(source)), Path(os.path.realpath(target))
-        if real_source == real_target or real_target in real_source.parents:
-            raise ValueError(f"{flag} {out} holds the model being read ({source}); write the result to another folder.")
+    if _holds(target, source):
+        raise _holds_source(flag, out, source)
     return target
+
+
+def _holds(target: Path, source: str | None) -> bool:
+    """Whether the folder ``target`` is the folder ``source`` (the model being read) or holds it."""
+    if source is None or not os.path.exists(source):
+        return False
+    real_source, real_target = Path(os.path.realpath(source)), Path(os.path.realpath(target))
+    return real_source == real_target or real_target in real_source.parents
+
+
+def _holds_source(flag: str, out, source: str) -> ValueError:
+    return ValueError(f"{flag} {out} holds the model being read ({source}); write the result to another folder.")
 
 
 def check_writable(out: str | os.PathLike, flag: str = "--out") -> None:

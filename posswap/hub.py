@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .config import check_flags
 from .evaluation.results import Results
 from .portable.posswap_block import migrate_block
 from .portable.posswap_runtime import needs_runtime_code
@@ -154,6 +155,7 @@ def push_to_hub(
     write. Nothing is written into the folder; links in it that point outside it are skipped (and named).
     A Hub that does not answer for ``HUB_TIMEOUT`` seconds (``POSSWAP_HUB_TIMEOUT``) ends the push with an OSError.
     """
+    check_flags(private=private)  # "no" would make a private repo
     token = check_hub_target(repo_id, token)  # everything that can fail locally fails before the first request
     plots = [Path(p) for p in plots]
     missing = [str(p) for p in plots if not p.is_file()]

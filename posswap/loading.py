@@ -29,6 +29,7 @@ from .portable.modeling_posswap import (
 )
 from .portable.posswap_block import CheckedBlock, check_block, migrate_block, weights_mismatch
 from .portable.posswap_runtime import needs_runtime_code
+from .registry import registered
 from .sentence_models import (
     SENTENCE_HUB_KWARGS,
     check_max_seq_length,
@@ -212,6 +213,11 @@ def check_posswap_block(block: Any, where: str, config: Any = None) -> None:
     check_block(block, where, config)  # what the saved model's own classes check, where posswap is not installed
     if block is None:
         return
+    if block["method"] not in registered():  # a method this code knows, not registered now: the process, not the file
+        raise ValueError(
+            f"{where}: the model was patched with method {block['method']!r}, which is not registered in this Python "
+            "process; register it (posswap.registry.register_method) or load the folder in a new process."
+        )
     try:  # then posswap's own rules for each field, as for a recipe
         config_from_dict({k: v for k, v in block.items() if k not in ("original_length", "version")})
     except ValueError as error:

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .extras import MissingExtra, install_command
+from .export import check_model_files
+from .extras import require
 from .files import check_folder_target, write_folder
-from .onnx_graph import native_model, onnx_refusal, write_graph
 from .patching import CONFIG_KEY
 
 TOLERANCE = 1e-4  # max |difference| of the float graph's outputs from the torch model's, on the probes
@@ -39,21 +39,24 @@ class OnnxExported:
 
 
 def require_onnx() -> None:
-    try:
-        import onnxruntime  # noqa: F401
-        import onnxscript  # noqa: F401  (torch.onnx's exporter)
-    except ImportError as error:
-        raise MissingExtra(
-            f"ONNX export needs onnxruntime and onnxscript ({error.name} is missing): {install_command('onnx')}"
-        ) from None
+    """The onnx extra, before any work (``onnx_graph`` imports onnx, so it is imported after this)."""
+    require("onnx", "onnx", "onnxruntime", "onnxscript", needed_for="ONNX export")  # onnxscript: torch.onnx's exporter
 
 
-def export_onnx(name_or_path: str | os.PathLike, out: str | os.PathLike, *, int8: bool = False) -> OnnxExported:
+def export_onnx(
+    name_or_path: str | os.PathLike, out: str | os.PathLike, *, int8: bool = False, overwrite: bool = False
+) -> OnnxExported:
     """Write the posswap (or stock) model at ``name_or_path`` to the new folder ``out`` as ONNX; ``int8`` adds a
-    dynamically quantised copy. ValueError, before anything is written, for a method with no graph form."""
+    dynamically quantised copy; ``overwrite`` replaces a model folder at ``out`` written earlier (never the source).
+    ValueError, before anything is written, for a method with no graph form."""
     require_onnx()
-    out = check_folder_target(out)
-    st, model, tokenizer = _load(str(name_or_path))
+    from .loading import resolve_model_id
+    from .onnx_graph import native_model, onnx_refusal, write_graph  # imports onnx: after require_onnx
+
+    source = resolve_model_id(name_or_path)
+    out = check_folder_target(out, overwrite, source)
+    check_model_files(source)
+    st, model, tokenizer = _load(source)
     reason = onnx_refusal(model)
     if reason is not None:
         raise ValueError(f"No ONNX export for {name_or_path}: {reason}.")
@@ -81,7 +84,7 @@ def export_onnx(name_or_path: str | os.PathLike, out: str | os.PathLike, *, int8
             result.int8_cosine = int8_agreement(model, graph, quantized, names)
             result.graphs.append(str(quantized.relative_to(staging)))
 
-    write_folder(out, write)
+    write_folder(out, write, overwrite, source)
     return result
 
 

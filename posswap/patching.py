@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from .config import PositionConfig, config_from_dict
+from .config import PositionConfig, check_flags, config_from_dict
 from .memory import check_patch_fits
 from .portable.modeling_posswap import CONFIG_CLASSES
 from .portable.posswap_architectures import assign_buffers, find_sites, resized_position_buffers
@@ -38,6 +38,7 @@ def patch(
     A sentence-transformers model (``SentenceTransformer``) is patched through its transformer, and its
     ``max_seq_length`` and tokenizer limit become the new length; it is returned too.
     """
+    check_flags(allow_shrink=allow_shrink)  # "no" is a true string: it would shrink the table
     if is_sentence_transformer(model):  # its transformer, then the length where sentence-transformers reads it
         inner = transformer_module(model).auto_model
         patch(inner, config, tokenizer=tokenizer, allow_shrink=allow_shrink)  # raises before changing anything

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import inspect
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -99,6 +100,15 @@ def register_method(
     """Register a method (see docs/methods-internals.md). ``runtime_module``: for a method from outside posswap,
     the ``.py`` file of its run time (``runtime_modules.py``), loaded here and carried by its saved folders; without
     it, such a method's folders load with ``posswap.from_pretrained`` only."""
+    functions = dict(
+        check=check,
+        apply=apply,
+        initialize=initialize,
+        position_map=position_map,
+        example=example,
+        export_refusal=export_refusal,
+    )
+    _check_arguments(config_class, functions, variants, extends_table)
     name = config_class.method
     _check_new(name, variants)
     with _undone_on_error(runtime_module_name(runtime_module) if runtime_module is not None else None):
@@ -149,6 +159,68 @@ def _undone_on_error(module_name: str | None) -> Iterator[None]:
         raise
 
 
+# register_method's function arguments: how each is called (for the message), and whether it may be None.
+_FUNCTIONS = {
+    "check": ("check(model, sites, config)", False),
+    "apply": ("apply(model, sites, config)", False),
+    "initialize": ("initialize(model, sites, config, applied)", True),
+    "position_map": ("position_map(model, sites, positions)", True),
+    "example": ("example(max_length)", True),
+    "export_refusal": ("export_refusal(config)", True),
+}
+
+
+def _check_arguments(config_class: object, functions: dict, variants: object, extends_table: object) -> None:
+    """Refuse what register_method cannot use, in one line naming the argument and what it takes, before anything is
+    read from it (``dict`` as the config class was an AttributeError from inside)."""
+    _check_config_class(config_class)
+    for argument, function in functions.items():
+        call, optional = _FUNCTIONS[argument]
+        if not callable(function) and not (optional and function is None):
+            kind = f"a function {call}{' or None' if optional else ''}"
+            raise TypeError(f"{argument} must be {kind}; got {_kind(function)}.")
+    if not (
+        isinstance(variants, dict) and all(isinstance(k, str) and isinstance(v, dict) for k, v in variants.items())
+    ):
+        raise TypeError(f"variants must be a dict of study variant name -> dict of config keys; got {variants!r:.80}.")
+    if not isinstance(extends_table, bool):
+        raise ValueError(f"extends_table must be True or False, got {extends_table!r:.80}.")
+
+
+def _check_config_class(config_class: object) -> None:
+    """A dataclass deriving from ``posswap.PositionConfig`` (known by name: posswap.config sits beside this module and
+    imports it), whose ``method`` names the method."""
+    wanted = "config_class must be a dataclass subclass of posswap.PositionConfig"
+    if not isinstance(config_class, type) or not any(
+        f"{c.__module__}.{c.__qualname__}" == "posswap.config.PositionConfig" for c in config_class.__mro__
+    ):
+        raise TypeError(f"{wanted}; got {_kind(config_class)}.")
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    own = inspect.get_annotations(config_class)  # the options it declares itself: fields only under @dataclass
+    loose = [name for name, hint in own.items() if name not in fields and "ClassVar" not in str(hint)]
+    if loose:
+        raise TypeError(
+            f"{wanted}; got {config_class.__name__}, whose options {', '.join(loose)} are not dataclass fields "
+            "(decorate it with @dataclass)."
+        )
+    method = getattr(config_class, "method", None)
+    if not isinstance(method, str) or not method:
+        raise ValueError(
+            f"config_class {config_class.__name__} must name its method (a class attribute method = 'my-method'); "
+            f"got {method!r:.80}."
+        )
+
+
+def _kind(value: object) -> str:
+    """What a wrong argument is, for a message: None, a class by its name, a plain value by its type, else "an
+    instance of" its class."""
+    if value is None:
+        return "None"
+    if isinstance(value, type):
+        return value.__name__
+    return type(value).__name__ if isinstance(value, (str, int, float)) else f"an instance of {type(value).__name__}"
+
+
 def _check_new(name: str, variants: dict[str, dict]) -> None:
     if name in METHODS:
         raise ValueError(f"Method {name!r} is already registered.")
@@ -172,11 +244,23 @@ def _saved_keys(name: str, config_class: type) -> dict[str, dict]:
 
 
 def unregister_method(name: str) -> None:
-    """Forget a method, its run time and its saved keys (a throwaway method a test registered)."""
+    """Forget a method, its run time and its saved keys (a throwaway method a test registered). posswap's own
+    methods are refused: removed, they would be gone for the rest of the process, and their saved folders with them."""
+    spec = registered().get(name)
+    if spec is not None and built_in(spec):
+        raise ValueError(
+            f"Method {name!r} is one of posswap's own and cannot be unregistered; only methods registered with "
+            "register_method can be removed."
+        )
     spec = METHODS.pop(name, None)
     if spec is not None and spec.runtime_module is not None:
         forget_runtime_module(name, spec.runtime_module)
     unregister(name)
+
+
+def built_in(spec: MethodSpec) -> bool:
+    """One of posswap's own methods: its config class is defined in ``posswap.methods``."""
+    return spec.config_class.__module__.startswith(BUILT_IN + ".")
 
 
 def get_method(name: str | None) -> MethodSpec:

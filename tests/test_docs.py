@@ -229,7 +229,7 @@ def test_the_cli_page_is_the_parsers():
     assert "<!-- posswap:usage -->" in page and "```bash" not in page
     usage = hooks.cli_usage()
     assert (
-        "posswap export [-h] --out OUT [--format {native,onnx}] [--int8] [--debug] MODEL" in usage
+        "posswap export [-h] --out OUT [--overwrite] [--format {native,onnx}] [--int8] [--debug] MODEL" in usage
         and "posswap train [-h] [--list]" in usage
     )
     flags = {flag for parser in hooks.command_parsers().values() for a in parser._actions for flag in a.option_strings}

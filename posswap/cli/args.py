@@ -4,12 +4,14 @@
   is refused by the command it was given to, naming the flag it is near (``--sett``: did you mean --set?).
 - No abbreviations: ``--rope-typ`` is an unknown flag, not ``--rope-type`` (argparse's default guesses).
 - List flags take values separated by spaces and may be repeated (``--lengths 256 512 --lengths 1024``).
-- A flag that was renamed says what replaced it."""
+- A flag that was renamed says what replaced it.
+- Each command's ``--help`` opens with a paragraph saying what it does and one example (:func:`described`)."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +48,25 @@ class Parser(argparse.ArgumentParser):
                 if chosen is not None:
                     return chosen._command(namespace) if isinstance(chosen, Parser) else chosen
         return self
+
+
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's help, whose description and epilog paragraphs are wrapped to the terminal as usual, except a
+    paragraph with indented lines (an example command, a list of options), which is kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = text.split("\n\n")
+        kept = lambda p: any(line.startswith(" ") for line in p.splitlines())  # noqa: E731
+        return "\n\n".join(
+            p if kept(p) else textwrap.fill(" ".join(p.split()), width, initial_indent=indent, subsequent_indent=indent)
+            for p in paragraphs
+        )
+
+
+def described(text: str, example: str) -> dict[str, Any]:
+    """``add_parser`` arguments for a command's ``--help`` paragraph: what it does (``text``) and one ``example``
+    command on a line of its own."""
+    return {"description": f"{text}\n\nexample:\n  {example}", "formatter_class": Formatter}
 
 
 def near_flags(extras: list[str], parser: argparse.ArgumentParser) -> str:

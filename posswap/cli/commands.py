@@ -120,12 +120,12 @@ def push_command(args: argparse.Namespace) -> None:
 
 
 def export_command(args: argparse.Namespace) -> None:
+    source = _model_source(args.folder)
+    if args.format == "onnx" or args.int8:
+        return export_onnx_command(args, source)
     from ..export import TOLERANCE, export
 
-    _model_source(args.folder)
-    if args.format == "onnx" or args.int8:
-        return export_onnx_command(args)
-    result = export(args.folder, args.out)
+    result = export(source, args.out, overwrite=args.overwrite)  # checks --out and MODEL's files before any work
     print(
         f"Exported {args.folder} as {result.architecture} to {result.path} "
         f"(max logit difference {result.max_difference:.1e}, limit {TOLERANCE:.0e}); "
@@ -133,12 +133,12 @@ def export_command(args: argparse.Namespace) -> None:
     )
 
 
-def export_onnx_command(args: argparse.Namespace) -> None:
-    from ..onnx_export import export_onnx
-
+def export_onnx_command(args: argparse.Namespace, source: str) -> None:
     if args.format != "onnx":
         raise ValueError("--int8 quantises an ONNX graph: add --format onnx.")
-    result = export_onnx(args.folder, args.out, int8=args.int8)
+    from ..onnx_export import export_onnx  # imports no onnx: export_onnx names the extra when it is missing
+
+    result = export_onnx(source, args.out, int8=args.int8, overwrite=args.overwrite)
     print(
         f"Exported {args.folder} as ONNX ({result.layout} layout: {', '.join(result.graphs)}) to {result.path} "
         f"(max difference from the torch model {result.max_difference:.1e})"

@@ -19,14 +19,14 @@ METHOD_OPTIONS = {
         "rope_type": "RoPE scaling type: None, linear, dynamic or yarn (transformers' rope_type).",
         "factor": "Scaling factor of rope_type; default max_length / the model's original length.",
         "absolute": "The learned position table: drop (remove it; default) or keep (keep it, extended by copying rows).",
-        "backend": "Attention kernel: sdpa, flex or eager; default: what the model was loaded with.",
+        "backend": "Attention kernel: sdpa, flex (flex attention on a GPU; on CPU the sdpa path, exact on every CPU) or eager; default: what the model was loaded with.",
         "init": "How the new position parameters start: fit (first-layer q/k biases whose rotation rebuilds the dropped table's position-position logits per distance; absolute=drop only); default: the weights as they are.",
     },
     "alibi": {
         "max_length": "Number of tokens the patched model reads (its new context length).",
         "symmetric": "ALiBi bias -m*|i-j| (true) or causal -m*(i-j) (false); default: symmetric for encoders, causal for GPT-2.",
         "absolute": "The learned position table: drop (remove it; default) or keep (keep it, extended by copying rows).",
-        "backend": "Attention kernel: sdpa, flex or eager; default: what the model was loaded with.",
+        "backend": "Attention kernel: sdpa, flex (flex attention on a GPU; on CPU the sdpa path, exact on every CPU) or eager; default: what the model was loaded with.",
     },
     "sinusoidal": {
         "max_length": "Number of tokens the patched model reads (its new context length).",
@@ -43,14 +43,14 @@ METHOD_OPTIONS = {
         "per_layer": "One bucket table per layer (true) or one shared by all layers, as T5 (false).",
         "absolute": "The learned position table: drop (remove it; default) or keep (keep it, extended by copying rows).",
         "init": "How the new position parameters start: zeros, or fit (per-bucket means of the original's first-layer position-position logits).",
-        "backend": "Attention kernel: sdpa, flex or eager; default: what the model was loaded with.",
+        "backend": "Attention kernel: sdpa, flex (flex attention on a GPU; on CPU the sdpa path, exact on every CPU) or eager; default: what the model was loaded with.",
     },
     "tupe": {
         "max_length": "Number of tokens the patched model reads (its new context length).",
         "cls_reset": "Replace the correlations from and to position 0 ([CLS]) by two learned scalars per head; default: on for encoders, off for GPT-2.",
         "relative": "TUPE-R: also add T5's learned bucketed relative bias (32 buckets, max distance 128), zero at the start.",
         "mode": "How the learned table grows to max_length: copy (tile the old rows), linear or cubic (resample it), hierarchical (old row p % old plus a block vector), as interpolate's mode (its stride options are interpolate's alone).",
-        "backend": "Attention kernel: sdpa, flex or eager; default: what the model was loaded with.",
+        "backend": "Attention kernel: sdpa, flex (flex attention on a GPU; on CPU the sdpa path, exact on every CPU) or eager; default: what the model was loaded with.",
     },
 }
 RENAMED_KEYS = {

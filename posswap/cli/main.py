@@ -9,6 +9,7 @@ import sys
 import yaml
 
 from ..extras import MissingExtra
+from ..version import __version__
 from . import parsers
 from .args import Parser
 from .study import add_study
@@ -18,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The commands, one ``_add_<command>`` each; ``--debug`` is taken before or after the command."""
     parser = Parser(prog="posswap", description="Swap the position handling of pretrained transformers.")
     parser.add_argument("--debug", action="store_true", help="Show the full traceback of an error.")
+    parser.add_argument("--version", action="version", version=f"posswap {__version__}", help="Show the version.")
     commands = parser.add_subparsers(dest="command", required=True)
     for add in (
         parsers.add_patch,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from . import commands as handlers
-from .args import Renamed, list_flag, renamed, yaml_value
+from .args import Renamed, described, list_flag, renamed, yaml_value
 from .facts import DEMO_CONTEXT_DOCUMENTS, DEMO_HAYSTACKS, METHOD_OPTIONS, PASSKEY_DEPTHS, RENAMED_KEYS
 
 
@@ -47,7 +47,13 @@ def add_patch(commands) -> None:
         "patch",
         help="Patch a checkpoint and save it (with its tokenizer) to a folder.",
         epilog=_method_help(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **described(
+            "Load MODEL (a BERT-family or GPT-2 checkpoint, or a sentence-transformers model), give it --method's "
+            "position handling at --max-length tokens, and save it with its tokenizer to --out, a folder that "
+            "posswap.from_pretrained loads, and transformers with trust_remote_code=True. The flags, --out and the "
+            "model's own length are checked before anything loads.",
+            "posswap patch gpt2 --method rope --max-length 4096 --out gpt2-rope-4k",
+        ),
     )
     p.add_argument("model", metavar="MODEL", help="Hub id or local folder of a BERT-family or GPT-2 checkpoint.")
     p.add_argument("--method", required=True, choices=sorted(METHOD_OPTIONS), help="Position method to apply.")
@@ -120,7 +126,18 @@ def add_demo(commands) -> None:
 
 
 def add_eval(commands) -> None:
-    e = commands.add_parser("eval", help="Score models at each context length; write results.json and PNG plots.")
+    e = commands.add_parser(
+        "eval",
+        help="Score models at each context length; write results.json and PNG plots.",
+        **described(
+            "Score each MODEL, patched or stock, at each of --lengths. The text task (default): perplexity, or "
+            "masked-LM loss for encoders, and passkey retrieval for causal LMs, written to --out as results.json "
+            "and PNG plots. The retrieval tasks (--task passkey-retrieval, needle-retrieval, context-retrieval) "
+            "score sentence-transformers models on long documents, beside chunking baselines (--baselines). A "
+            "length far past what every model reads is refused before any text is built.",
+            "posswap eval gpt2 out/gpt2-rope-4k --lengths 256 1024 4096 --out report/",
+        ),
+    )
     e.add_argument("models", nargs="+", metavar="MODEL", help="Hub ids or local folders (patched or stock).")
     list_flag(
         e,
@@ -202,7 +219,16 @@ def _add_retrieval_flags(e) -> None:
 
 def add_train(commands) -> None:
     t = commands.add_parser(
-        "train", help="Continued pretraining at the new length from a recipe (a YAML file, or a shipped one by name)."
+        "train",
+        help="Continued pretraining at the new length from a recipe (a YAML file, or a shipped one by name).",
+        **described(
+            "Patch the recipe's base model and train it further at its new length (causal LM for GPT-2, masked LM "
+            "for BERT, pairs for sentence-transformers models), as RECIPE says: a YAML file, or a shipped recipe by "
+            "name (--list shows them with their purpose). --set overrides recipe values; every value is checked "
+            "before anything loads. The model is saved to train.output_dir/model, with checkpoints on the way "
+            "(--resume continues from the latest).",
+            "posswap train gpt2-rope-4k --set train.max_steps=200",
+        ),
     )
     t.add_argument("recipe", nargs="?", default=None, help="Recipe YAML file, or a shipped recipe's name (see --list).")
     t.add_argument("--list", action="store_true", help="List the shipped recipes, each with its purpose.")
@@ -230,7 +256,14 @@ def add_train(commands) -> None:
 
 def add_push(commands) -> None:
     h = commands.add_parser(
-        "push", help="Upload a saved model (patched, or a native export) to the Hub with a posswap model card."
+        "push",
+        help="Upload a saved model (patched, or a native export) to the Hub with a posswap model card.",
+        **described(
+            "Upload FOLDER (what posswap patch, train or export, or save_pretrained on a patched model wrote) to the "
+            "Hub repo REPO_ID, created if missing, with a model card that says what was patched and how; --results "
+            "adds posswap eval's table to the card, --plots its pictures.",
+            "posswap push out/gpt2-rope-4k me/gpt2-rope-4k --results report/results.json",
+        ),
     )
     h.add_argument(
         "folder", metavar="FOLDER", help="Folder that save_pretrained, posswap patch or posswap export wrote."
@@ -245,10 +278,35 @@ def add_push(commands) -> None:
 def add_export(commands) -> None:
     x = commands.add_parser(
         "export",
-        help="Write a RoPE model as a native transformers model where one is exact (GPT-NeoX, RoFormer), or an embedding model as an ONNX graph (--format onnx).",
+        help="Write a RoPE model as a native transformers model where one is exact (GPT-NeoX, RoFormer), or an "
+        "embedding model as an ONNX graph (--format onnx).",
+        **described(
+            "Write MODEL in a form that runs without posswap. --format native (default): a RoPE model as the "
+            "transformers architecture that computes the same logits (GPT-2 as GPT-NeoX, the BERT family as "
+            "RoFormer), compared before anything is written. --format onnx: a stock model, or one whose patch has a "
+            "graph form (interpolate, sinusoidal), as an ONNX graph that onnxruntime runs and "
+            "posswap.onnx_encoder.OnnxEncoder serves (a sentence-transformers model in its own ONNX layout); --int8 "
+            "adds a quantised copy. MODEL's files are checked "
+            "before any work.",
+            "posswap export out/gpt2-rope-4k --out out/gpt2-rope-4k-neox",
+        ),
     )
-    x.add_argument("folder", metavar="MODEL", help="Folder (or Hub id) of a posswap-patched model.")
-    x.add_argument("--out", required=True, help="New (or empty) folder for the native model and the tokenizer.")
+    x.add_argument(
+        "folder",
+        metavar="MODEL",
+        help="Folder (or Hub id) of the model: posswap-patched (--format native), patched or stock (--format onnx).",
+    )
+    x.add_argument(
+        "--out",
+        required=True,
+        help="New (or empty) folder for the export: the native model and its tokenizer (--format native), or the "
+        "ONNX graph with its config.json and tokenizer (--format onnx).",
+    )
+    x.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="Replace --out if it is a model folder (holds config.json) written earlier; never MODEL itself.",
+    )
     x.add_argument(
         "--format",
         choices=("native", "onnx"),

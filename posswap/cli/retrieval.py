@@ -38,8 +38,7 @@ def run_retrieval_command(args) -> None:
     check_retrieval_inputs(task, lengths, documents, batch_size, args.haystack)  # before any model loads
     check_baseline_names(baselines)
     check_output_dir(args.out)
-    models = _embedding_models(args.models, args.device)
-    check_lengths_read(models, baselines, lengths, "--lengths")  # the models' limits known: before any text
+    models = _embedding_models(args, lengths)
     results = evaluate_retrieval(
         models,
         task,
@@ -65,7 +64,7 @@ def run_context_command(args) -> None:
     if args.haystack is not None:
         raise ValueError("--haystack: the context task reads its own two held-out haystacks; leave it out.")
     check_output_dir(args.out)
-    models = _embedding_models(args.models, args.device)
+    models = _embedding_models(args, lengths)
     results = evaluate_context(
         models, lengths, args.documents, args.seed, chunk_tokens, args.batch_size, args.baselines or None
     )
@@ -75,10 +74,14 @@ def run_context_command(args) -> None:
     print(f"Wrote {Path(args.out) / 'context.json'}.")
 
 
-def _embedding_models(names: list[str], device: str | None) -> dict:
-    """Column name -> each model loaded as a sentence-transformers model; a bare name found nowhere is one line,
-    before any model loads."""
-    for source in names:
+def _embedding_models(args, lengths: list[int]) -> dict:
+    """Column name -> each MODEL loaded as a sentence-transformers model; a bare name found nowhere is one line,
+    before any model loads. Then every task's one rule on ``--lengths`` (:func:`check_lengths_read`): a length far
+    past what every model reads is refused before any document is built, unless a baseline named in
+    ``--baselines`` reads whole documents (the context task's default chunk rows do not count)."""
+    for source in args.models:
         check_model_found(resolve_model_id(source))
-    device = resolve_device(device)
-    return {name: load_embedding_model(source, device) for name, source in short_model_names(names).items()}
+    device = resolve_device(args.device)
+    models = {name: load_embedding_model(source, device) for name, source in short_model_names(args.models).items()}
+    check_lengths_read(models, args.baselines or [], lengths, "--lengths")
+    return models

@@ -7,13 +7,21 @@ import argparse
 import sys
 from pathlib import Path
 
-from .args import list_flag, renamed
+from .args import described, list_flag, renamed
 from .facts import COPYING_VARIANTS, ROPE_RECIPES, STUDY_VARIANTS
 
 
 def add_study(commands) -> None:
     s = commands.add_parser(
-        "study", help="The extension study: each method on each base, untrained and after an equal budget."
+        "study",
+        help="The extension study: each method on each base, untrained and after an equal budget.",
+        **described(
+            "Run the extension study: each position method on each base model, untrained and after an equal "
+            "training budget, scored at each length. --preset chooses the study (the copying presets on a small "
+            "GPT-2 that copies, or the text study on GPT-2 and MiniLM); a stopped run continues where it was, and "
+            "--report-only writes the summaries and pictures again from saved results, training nothing.",
+            "posswap study --preset mini",
+        ),
     )
     s.add_argument(
         "--preset",

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from .chunking import BASELINES, cosine_scores, mean_vector
 from .context_task import KINDS, TEMPLATES, ContextTask, build_context_task, max_context_documents
 from .late_chunking import late_chunks_and_documents
+from .retrieval import check_lengths_read
 
 DEFAULT_CONTEXT_LENGTHS = (512, 1024, 2048, 4096)
 DEFAULT_CHUNK_TOKENS = 128
@@ -154,6 +155,7 @@ def evaluate_context(
     more than the first); one-vector rows for every model."""
     lengths = check_context_inputs(lengths, documents, chunk_tokens, batch_size)
     rows = context_rows(models, baselines)
+    check_lengths_read(models, baselines or [], lengths)  # the rule of every task, before any document is built
     tokenizer = next(iter(models.values())).tokenizer
     tasks = [build_context_task(tokenizer, n, documents, seed, chunk_tokens) for n in lengths]
     results = ContextResults(lengths, documents, seed, chunk_tokens, _settings(tasks))

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..config import check_choice, check_number
+from ..config import check_choice, check_flags, check_number
 from ..portable.posswap_architectures import ARCHITECTURES
 from .causal import BEYOND, TokenLosses, sliding_losses, window_losses
 from .masked import mask_windows, masked_lm_scores, with_special_tokens
@@ -60,6 +60,7 @@ def evaluate(
     from ..loading import load_transformers_model  # a sentence-transformers folder: its transformer
     from .plots import plot_similarity, slug, write_plots  # here: `import posswap` need not load matplotlib
 
+    check_flags(progress=progress)
     lengths = check_settings(lengths, beyond, stride, max_tokens, passkey_trials, passkey_depths, seed)
     device = resolve_device(device)
     if out is not None:

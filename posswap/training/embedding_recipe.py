@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..config import check_choice, check_number, check_positive_int, shown
+from ..config import check_bool, check_choice, check_number, check_positive_int, shown
 
 LOSSES = ("cached_mnrl", "mnrl")
 
@@ -105,8 +105,7 @@ class EmbeddingSpec:
                 raise ValueError(
                     f"embedding.document_lengths entry {length} is longer than posswap.max_length ({max_length})."
                 )
-        if not isinstance(self.hard_negatives, bool):
-            raise ValueError(f"embedding.hard_negatives must be true or false, got {shown(self.hard_negatives)}.")
+        check_bool("embedding.hard_negatives", self.hard_negatives)
         check_positive_int("embedding.pairs", self.pairs)
         check_choice("embedding.loss", self.loss, LOSSES)
         check_positive_int("embedding.mini_batch_size", self.mini_batch_size)

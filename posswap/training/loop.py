@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, get_cosine_schedule_with_warmup
 
+from ..config import check_flags
 from ..extras import MissingExtra, install_command
 from ..loading import EMBEDDED_MODELS, from_pretrained, load_tokenizer, resolve_model_id, save_model_and_tokenizer
 from ..patching import patch, patched_config
@@ -109,6 +110,7 @@ def train(
     (a callback that evaluates it puts it back). A model folder an earlier run left in ``output_dir/model``
     is replaced only with ``overwrite`` (or ``resume``: the same run). ``force``: resume even if the recipe
     differs from the one the checkpoints were made with."""
+    check_flags(resume=resume, overwrite=overwrite, force=force)  # "no" would overwrite a model folder
     recipe.validate()  # also when built in Python rather than by recipe_from_dict
     recipe.check_sources()
     if recipe.embedding is not None:  # sentence-transformers' trainer: not installed is one line naming the extra
