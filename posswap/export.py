@@ -29,6 +29,7 @@ from .config import check_flags
 from .files import check_folder_target, write_folder
 from .methods.rope import RopeConfig
 from .patching import CONFIG_KEY, patched_config
+from .portable.posswap_architectures import find_sites
 from .portable.posswap_rotary import resolve_rotary_dim
 from .portable.posswap_runtime import needs_runtime_code
 from .registry import get_method
@@ -36,8 +37,7 @@ from .registry import get_method
 TOLERANCE = 1e-4  # max |logit difference| an export may have
 REMOTE = "load the posswap folder with trust_remote_code=True or posswap.from_pretrained instead"
 
-# Class-name prefix of each BERT-like family; RoFormer has the same heads under "RoFormer" + suffix.
-ENCODER_FAMILIES = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "electra": "Electra"}
+# RoFormer has the BERT family's heads under "RoFormer" + suffix (the family's prefix: Architecture.class_prefix).
 ROFORMER_HEADS = ("Model", "ForMaskedLM", "ForTokenClassification", "ForSequenceClassification")
 GPT_NEOX_HEADS = {"GPT2LMHeadModel": "GPTNeoXForCausalLM", "GPT2Model": "GPTNeoXModel"}
 
@@ -142,9 +142,14 @@ def native_target(model: nn.Module) -> Target:
     """The native architecture, config and weights that reproduce ``model``; ValueError when there is none."""
     rope = _rope_settings(model)
     original = getattr(model.config, CONFIG_KEY)["original_length"]
-    if model.config.model_type == "gpt2":
+    native = find_sites(model).arch.native_export
+    if native == "gpt_neox":
         return gpt_neox_target(model, rope, original)
-    return roformer_target(model, rope)
+    if native == "roformer":
+        return roformer_target(model, rope)
+    raise _refuse(
+        model, f"no transformers architecture computes rope positions with {model.config.model_type}'s layout"
+    )
 
 
 def _refuse(model: nn.Module, reason: str) -> ValueError:
@@ -282,12 +287,12 @@ ROFORMER_HEAD_RENAMES = {
         ("generator_lm_head.", "cls.predictions.decoder."),
     ],
 }
-ROFORMER_HEAD_RENAMES["xlm-roberta"] = ROFORMER_HEAD_RENAMES["roberta"]
+ROFORMER_HEAD_RENAMES["xlm-roberta"] = ROFORMER_HEAD_RENAMES["camembert"] = ROFORMER_HEAD_RENAMES["roberta"]
 
 
 def roformer_target(model: nn.Module, rope: RopeConfig) -> Target:
     c = model.config
-    head = type(model).__name__.removeprefix("Posswap").removeprefix(ENCODER_FAMILIES[c.model_type])
+    head = type(model).__name__.removeprefix("Posswap").removeprefix(find_sites(model).arch.class_prefix)
     reason = _roformer_refusal(model, rope, head)
     if reason:
         raise _refuse(model, reason)

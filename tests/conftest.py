@@ -24,6 +24,7 @@ from hub_server import HubStandIn
 
 import posswap
 from posswap.data import GPT2_TOKENIZER_DIR, read_document
+from posswap.portable.posswap_architectures import find_sites
 from posswap.registry import registered
 
 registered()  # posswap's own methods, registered before a test module reads the table at collection
@@ -42,6 +43,12 @@ TINY_CONFIGS = {
     "gpt2": lambda: transformers.GPT2Config(
         n_layer=2, n_embd=32, n_head=4, vocab_size=99, n_positions=OLD_LENGTH, bos_token_id=98, eos_token_id=98
     ),
+    "camembert": lambda: transformers.CamembertConfig(**TINY, pad_token_id=1, max_position_embeddings=OLD_LENGTH + 2),
+    "distilbert": lambda: transformers.DistilBertConfig(
+        vocab_size=99, dim=32, n_layers=2, n_heads=4, hidden_dim=37, max_position_embeddings=OLD_LENGTH
+    ),
+    # One layer shared across both depths (num_hidden_groups=1), embeddings narrower than the layers.
+    "albert": lambda: transformers.AlbertConfig(**TINY, embedding_size=16, max_position_embeddings=OLD_LENGTH),
 }
 
 # (model_type, head class): every architecture with more than one kind of head.
@@ -57,6 +64,15 @@ MODELS = [
 ]
 MODEL_IDS = [head for _, head in MODELS]
 
+# (model_type, head): the families added after MODELS' (issue 61), one head each, run by tests/test_families.py only
+# (every test over MODELS would multiply the suite's time).
+FAMILIES = [
+    ("camembert", "CamembertForMaskedLM"),
+    ("distilbert", "DistilBertForSequenceClassification"),
+    ("albert", "AlbertForMaskedLM"),
+]
+FAMILY_IDS = [model_type for model_type, _ in FAMILIES]
+
 
 def make_model(model_type: str, head: str, seed: int = 0) -> transformers.PreTrainedModel:
     torch.manual_seed(seed)
@@ -67,13 +83,16 @@ def make_model(model_type: str, head: str, seed: int = 0) -> transformers.PreTra
 
 
 def sharpen_qk(model):
-    """A tiny random model has q.k ~ 0, which hides position effects: scale the q and k projections up."""
+    """A tiny random model has q.k ~ 0, which hides position effects: scale the q and k projections up (each
+    module once: ALBERT's one layer serves every depth)."""
+    sites, width = find_sites(model), model.config.hidden_size
     with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("attn.c_attn.weight"):
-                param[:, : 2 * model.config.hidden_size] *= 6
-            elif name.endswith(("attention.self.query.weight", "attention.self.key.weight")):
-                param *= 6
+        for attention in sites.self_attentions():
+            for name, chunks in sites.arch.qk_projections:
+                weight = getattr(attention, name).weight
+                for chunk in chunks:
+                    part = slice(chunk * width, (chunk + 1) * width)
+                    (weight[:, part] if sites.arch.conv1d else weight[part]).mul_(6)
     return model
 
 

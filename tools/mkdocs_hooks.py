@@ -8,6 +8,7 @@ it cannot go stale.
 - ``<!-- posswap:method-configs -->`` becomes each method's config, its docstring and its options table (the API
   reference); the Methods section of the nav gets a page per ``docs/methods/<name>.md``: a new method is on the site
   by having its module and its page.
+- ``<!-- posswap:families -->`` becomes the supported-families table, from posswap's architecture table.
 - ``<!-- posswap:include CONTRIBUTING.md -->`` becomes that file of the repository root, its links into ``docs/``
   made relative to the site (and its links to CHANGELOG.md to that file's page), so the file GitHub shows and the
   site's page are one text.
@@ -41,7 +42,9 @@ INLINE_CODE = re.compile(r"(?<!<pre>)(?<!</span>)<code>([^<\n]*)</code>")
 WORD = re.compile(r"\S+")
 KEPT_WORD = 30  # characters: longer words may have to break on a phone
 CODE_SPAN = re.compile(r"(`+)(.+?)\1")
-MARKER = re.compile(r"^<!-- posswap:(options|cli|usage|include)(?: ([\w.-]+))? -->$", re.MULTILINE)  # alone on a line
+MARKER = re.compile(
+    r"^<!-- posswap:(options|cli|usage|include|families)(?: ([\w.-]+))? -->$", re.MULTILINE
+)  # alone on a line
 METHOD_CONFIGS = "<!-- posswap:method-configs -->"
 METHODS_SECTION = "Methods"  # the nav section the method pages are added to
 
@@ -116,6 +119,12 @@ def cli_usage(_: str | None = None) -> str:
 INCLUDED = {"CONTRIBUTING.md": "contributing.md", "CHANGELOG.md": "changelog.md"}
 
 
+def families(_: str | None = None) -> str:
+    from posswap.methods.architectures import families_table
+
+    return families_table()
+
+
 def include(name: str) -> str:
     """A markdown file of the repository root, with its ``docs/...`` links made relative to the docs folder and its
     links to another included root file pointed at that file's page."""
@@ -172,7 +181,14 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 
     def fill(match: re.Match) -> str:
         kind, name = match.groups()
-        return {"options": options_table, "cli": cli_help, "usage": cli_usage, "include": include}[kind](name)
+        fills = {
+            "options": options_table,
+            "cli": cli_help,
+            "usage": cli_usage,
+            "include": include,
+            "families": families,
+        }
+        return fills[kind](name)
 
     return unescape_table_code(MARKER.sub(fill, markdown))
 

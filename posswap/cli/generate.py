@@ -7,18 +7,23 @@
   parsers read it, so ``posswap --help`` imports neither torch nor transformers (``tests/test_cli_fast.py``).
 - ``portable/posswap_schema.py`` and ``portable/posswap_methods.py``: see ``posswap.schema``
   (``tests/test_registry.py``).
+- the README's families line (``<!-- posswap:families -->``), from the architecture table, in a clone
+  (``tests/test_families.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from pathlib import Path
 
 from .. import schema
 from ..portable.posswap_rules import literal
 
 FACTS_FILE = Path(__file__).with_name("facts.py")
+README = Path(__file__).resolve().parents[2] / "README.md"  # in a clone; an installed package has none
+FAMILIES_BLOCK = re.compile(r"<!-- posswap:families -->\n.*?\n<!-- /posswap:families -->", re.DOTALL)
 COMMAND = "python -m posswap.cli.generate --write"
 HEADER = f'''"""What the command line shows of the library (each method's options, renamed keys, study variants, the demo's
 choices) as plain data, so that ``posswap --help`` imports no torch.
@@ -72,6 +77,14 @@ def render() -> str:
     return HEADER + "\n".join(f"{name} = {source(value)}" for name, value in facts().items()) + "\n"
 
 
+def render_readme() -> str:
+    """README.md with its families line written from the architecture table."""
+    from ..methods.architectures import families_sentence
+
+    block = f"<!-- posswap:families -->\n{families_sentence()}\n<!-- /posswap:families -->"
+    return FAMILIES_BLOCK.sub(lambda _: block, README.read_text(encoding="utf-8"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m posswap.cli.generate", description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="write the files (default: print them)")
@@ -81,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         (schema.METHODS_FILE, schema.render_methods),
         (schema.SCHEMA_FILE, schema.render),
         (FACTS_FILE, render),
+        *([(README, render_readme)] if README.exists() else []),
     ):
         text = render_file()
         if write:

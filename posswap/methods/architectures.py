@@ -5,7 +5,7 @@ models carry them; posswap imports them from there (one rule: portable names com
 import torch
 from torch import nn
 
-from ..portable.posswap_architectures import Sites
+from ..portable.posswap_architectures import ARCHITECTURES, NOT_YET, Architecture, Sites, padding_offset
 
 
 def first_layer_qk(sites: Sites) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,5 +34,47 @@ def first_layer_qk_biases(sites: Sites) -> tuple[torch.Tensor, torch.Tensor]:
 
 def embedding_projection(sites: Sites) -> nn.Linear | None:
     """The map from the embeddings to the first layer's width, where the model has one (ELECTRA whose
-    embedding size differs from its hidden size)."""
-    return getattr(sites.base, sites.arch.embedding_projection, None) if sites.arch.embedding_projection else None
+    embedding size differs from its hidden size; ALBERT's encoder.embedding_hidden_mapping_in)."""
+    path = sites.arch.embedding_projection
+    if not path:
+        return None
+    try:
+        return sites.base.get_submodule(path)
+    except AttributeError:  # ELECTRA without one: embedding size = hidden size
+        return None
+
+
+def families_table() -> str:
+    """The supported families as a markdown table, then the families refused and why: read from
+    ``ARCHITECTURES`` and ``NOT_YET``, so a new entry is in the docs (``<!-- posswap:families -->``) and the README
+    (``python -m posswap.cli.generate --write``) without editing either."""
+    rows = ["| `model_type` | classes | kind | rows before position 0 | `posswap export` (RoPE) | notes |"]
+    rows.append("|---|---|---|---|---|---|")
+    for name, arch in sorted(ARCHITECTURES.items()):
+        offset = "`pad_token_id + 1`" if arch.offset is padding_offset else "0"
+        native = {"roformer": "RoFormer", "gpt_neox": "GPT-NeoX"}.get(arch.native_export, "refused: no exact native")
+        rows.append(
+            f"| `{name}` | `{arch.class_prefix}*` | {'decoder' if arch.causal else 'encoder'} | {offset} | {native} "
+            f"| {'; '.join(_notes(arch)) or '-'} |"
+        )
+    refused = "".join(f"\n- `{name}`: {why}." for name, why in NOT_YET.items())
+    return (
+        "\n".join(rows)
+        + "\n\nEvery method runs on every family above, with any head. Refused in one line, for now:\n"
+        + refused
+    )
+
+
+def _notes(arch: Architecture) -> list[str]:
+    notes = [f"the length is `config.{arch.size_name}`"] if arch.size_name != "max_position_embeddings" else []
+    if arch.embedding_projection:
+        notes.append("embeddings projected to the layers' width: fitted inits read through the projection")
+    if not arch.passes_position_ids:
+        notes.append("posswap carries `position_ids` to the attention, which the model does not")
+    return notes
+
+
+def families_sentence() -> str:
+    """The README's line: every supported ``model_type``, in one sentence."""
+    names = ", ".join(f"`{name}`" for name in sorted(ARCHITECTURES))
+    return f"Every method works with {names} checkpoints, with any head ([families](docs/families.md))."

@@ -34,14 +34,22 @@ class Architecture:
     conv1d: bool  # GPT-2's projections are Conv1D, weights stored (in, out): peft's fan_in_fan_out
     layer_class: str  # the transformer block, FSDP's unit of wrapping (recipes/accelerate/fsdp.yaml lists them)
     offset: Callable[[object], int] = lambda config: 0  # table rows before the first real position
-    # Linear map from the embeddings to the first layer's width, on the base model (ELECTRA's small embeddings;
-    # only there when its embedding size differs from the hidden size).
+    # Linear map from the embeddings to the first layer's width, path from the base model (ELECTRA's small
+    # embeddings, only there when its embedding size differs from the hidden size; ALBERT's, always there).
     embedding_projection: str = ""
     # The LayerNorm a position vector passes before the first layer's q/k projections (path from the base model).
     first_norm: str = "embeddings.LayerNorm"
+    class_prefix: str = ""  # transformers' class-name prefix of the family ("Bert" in BertForMaskedLM)
+    size_name: str = "max_position_embeddings"  # the config field users know the length by (GPT-2: n_positions)
+    # The native architecture `posswap export` writes for a RoPE model: "roformer" (BERT's layout), "gpt_neox"
+    # (GPT-2's), or "" where none computes the same (refused in one line).
+    native_export: str = "roformer"
+    # Whether the base model hands the caller's position_ids down to its attention modules' kwargs (BERT, ALBERT,
+    # GPT-2 do; DistilBERT only gives them to its embeddings: posswap_positions.py carries them down).
+    passes_position_ids: bool = True
 
 
-def _padding_offset(config) -> int:
+def padding_offset(config) -> int:
     # RoBERTa-style models number positions from padding_idx + 1 (rows 0..padding_idx are never real positions).
     return config.pad_token_id + 1
 
@@ -57,12 +65,56 @@ _BERT_LIKE = dict(
 )
 
 ARCHITECTURES: dict[str, Architecture] = {
-    "bert": Architecture("bert", **_BERT_LIKE, layer_class="BertLayer"),
+    "bert": Architecture("bert", **_BERT_LIKE, layer_class="BertLayer", class_prefix="Bert"),
     "electra": Architecture(
-        "electra", **_BERT_LIKE, layer_class="ElectraLayer", embedding_projection="embeddings_project"
+        "electra",
+        **_BERT_LIKE,
+        layer_class="ElectraLayer",
+        class_prefix="Electra",
+        embedding_projection="embeddings_project",
     ),
-    "roberta": Architecture("roberta", **_BERT_LIKE, layer_class="RobertaLayer", offset=_padding_offset),
-    "xlm-roberta": Architecture("xlm-roberta", **_BERT_LIKE, layer_class="XLMRobertaLayer", offset=_padding_offset),
+    "roberta": Architecture(
+        "roberta", **_BERT_LIKE, layer_class="RobertaLayer", class_prefix="Roberta", offset=padding_offset
+    ),
+    "xlm-roberta": Architecture(
+        "xlm-roberta", **_BERT_LIKE, layer_class="XLMRobertaLayer", class_prefix="XLMRoberta", offset=padding_offset
+    ),
+    # CamemBERT is RoBERTa under another name: its padding offset too.
+    "camembert": Architecture(
+        "camembert", **_BERT_LIKE, layer_class="CamembertLayer", class_prefix="Camembert", offset=padding_offset
+    ),
+    # No token types; its attention projections are q_lin / k_lin / v_lin, and its base model gives the caller's
+    # position_ids to the embeddings only.
+    "distilbert": Architecture(
+        "distilbert",
+        embeddings="embeddings",
+        table="position_embeddings",
+        self_attention="transformer.layer.*.attention",
+        causal=False,
+        qk_projections=(("q_lin", (0,)), ("k_lin", (0,))),
+        lora_targets=("q_lin", "k_lin", "v_lin"),
+        conv1d=False,
+        layer_class="TransformerBlock",
+        class_prefix="DistilBert",
+        native_export="",
+        passes_position_ids=False,
+    ),
+    # One layer module per group, reused across depth: each self-attention is hooked once and runs at every depth
+    # that shares it. Embeddings of embedding_size are mapped to the layers' width by the encoder's first Linear.
+    "albert": Architecture(
+        "albert",
+        embeddings="embeddings",
+        table="position_embeddings",
+        self_attention="encoder.albert_layer_groups.*.albert_layers.*.attention",
+        causal=False,
+        qk_projections=(("query", (0,)), ("key", (0,))),
+        lora_targets=("query", "key", "value"),
+        conv1d=False,
+        layer_class="AlbertLayer",
+        class_prefix="Albert",
+        embedding_projection="encoder.embedding_hidden_mapping_in",
+        native_export="",
+    ),
     "gpt2": Architecture(
         "gpt2",
         embeddings="",
@@ -74,7 +126,23 @@ ARCHITECTURES: dict[str, Architecture] = {
         conv1d=True,
         layer_class="GPT2Block",
         first_norm="h.0.ln_1",
+        class_prefix="GPT2",
+        size_name="n_positions",
+        native_export="gpt_neox",
     ),
+}
+
+
+# Families with a learned position table that posswap does not patch yet, and why: the refusal names it, and the
+# supported-families table lists it (``python -m posswap.cli.generate --write``).
+NOT_YET: dict[str, str] = {
+    "mpnet": "its attention is computed in its own module (not through transformers' attention interface), with its "
+    "own relative bias, and position_ids do not reach it",
+    "opt": "its heads call the decoder directly, past the base model's forward where posswap's hooks run, and its "
+    "table adds its offset of 2 inside its own forward",
+    "gpt_neo": "its attention is computed in its own module, not through transformers' attention interface",
+    "bart": "an encoder-decoder: two tables, and max_length for each, are not built yet",
+    "mbart": "an encoder-decoder: two tables, and max_length for each, are not built yet",
 }
 
 
@@ -117,8 +185,9 @@ def find_sites(model: nn.Module) -> Sites:
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in ARCHITECTURES:
+        why = f": {NOT_YET[model_type]}" if model_type in NOT_YET else ""
         raise ValueError(
-            f"posswap does not support model_type {model_type!r} ({type(model).__name__}). "
+            f"posswap does not support model_type {model_type!r} ({type(model).__name__}){why}. "
             f"Supported model types: {', '.join(sorted(ARCHITECTURES))}."
         )
     arch = ARCHITECTURES[model_type]

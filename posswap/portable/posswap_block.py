@@ -128,7 +128,7 @@ def _check_length(block: dict, where: str, config: Any) -> None:
         return
     offset = arch.offset(config)
     if block["max_length"] + offset != rows:
-        name = "n_positions" if arch.model_type == "gpt2" else "max_position_embeddings"
+        name = arch.size_name
         padding = f" + {offset} padding rows" if offset else ""
         raise _fail(
             where,

@@ -18,6 +18,7 @@ from .posswap_architectures import Sites, find_sites
 from .posswap_block import checked_block, describe
 from .posswap_files import install_atomic_save
 from .posswap_guard import install_length_guard
+from .posswap_positions import install_position_carrier
 from .posswap_registry import INSTALLERS, KEEPS_TABLE, RUNTIME_CODE
 from .posswap_state import install_call_state
 from .posswap_tables import NoPositions
@@ -51,5 +52,7 @@ def install_positions(model: nn.Module, block: dict, sites: Sites | None = None)
     if needs_runtime_code(block):
         # Its hook also marks a call that came through the hooks: see posswap_state.forward_through_hooks.
         install_call_state(sites.base)
+        if not sites.arch.passes_position_ids:
+            install_position_carrier(sites.base, sites.self_attentions())
     install_length_guard(sites.base, sites.offset)
     install_atomic_save(model)
