@@ -19,7 +19,7 @@ POOLING = ("mean", "cls")
 OLD_POOLING_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}  # sentence-transformers < 6
 # Tables with pad_token_id + 1 rows before the first position: Architecture.offset, kept here as names because this
 # module runs without torch (tests/test_families.py checks the two agree).
-PADDING_OFFSET_TYPES = ("roberta", "xlm-roberta", "camembert")
+PADDING_OFFSET_TYPES = ("roberta", "xlm-roberta", "camembert", "mpnet")
 
 
 class OnnxEncoder:

@@ -49,6 +49,8 @@ TINY_CONFIGS = {
     ),
     # One layer shared across both depths (num_hidden_groups=1), embeddings narrower than the layers.
     "albert": lambda: transformers.AlbertConfig(**TINY, embedding_size=16, max_position_embeddings=OLD_LENGTH),
+    # RoBERTa's offset too (its padding_idx is 1); attention and a relative bias of its own.
+    "mpnet": lambda: transformers.MPNetConfig(**TINY, pad_token_id=1, max_position_embeddings=OLD_LENGTH + 2),
 }
 
 # (model_type, head class): every architecture with more than one kind of head.
@@ -70,6 +72,7 @@ FAMILIES = [
     ("camembert", "CamembertForMaskedLM"),
     ("distilbert", "DistilBertForSequenceClassification"),
     ("albert", "AlbertForMaskedLM"),
+    ("mpnet", "MPNetForMaskedLM"),
 ]
 FAMILY_IDS = [model_type for model_type, _ in FAMILIES]
 

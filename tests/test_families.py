@@ -1,7 +1,8 @@
-"""The families added to MODELS' (issue 61: camembert, distilbert, albert), one head each, through every method:
-round trip, too long input, short inputs equal to stock where a method promises it, the caller's position_ids
-reaching the attention, gradient checkpointing, loading without posswap, native export; and the families posswap
-does not support yet still refused in one line.
+"""The families added to MODELS' (issue 61: camembert, distilbert, albert, mpnet), one head each, through every
+method: round trip, too long input, short inputs equal to stock where a method promises it, the caller's position_ids
+reaching the attention, gradient checkpointing, loading without posswap, native export; the attention methods refused
+where a family computes attention in its own module (mpnet), the model untouched; and the families posswap does not
+support yet still refused in one line.
 
 A module of its own (not MODELS) so that the whole suite does not run every test once more per family."""
 
@@ -18,17 +19,20 @@ from conftest import (
     FAMILY_IDS,
     OLD_LENGTH,
     TINY_CONFIGS,
+    assert_untouched,
     make_model,
     outputs,
     padded_mask,
     reload_and_compare,
     run_without_posswap,
     sharpen_qk,
+    snapshot,
     token_ids,
 )
 from safetensors.torch import load_file
 
 import posswap
+from posswap.methods.backends import installs_attention
 from posswap.onnx_encoder import PADDING_OFFSET_TYPES
 from posswap.portable.posswap_architectures import ARCHITECTURES, NOT_YET
 from posswap.registry import METHODS
@@ -37,12 +41,27 @@ NEW_LENGTH = 4 * OLD_LENGTH
 FACTORIES = {name: spec.example for name, spec in METHODS.items() if spec.example is not None}
 
 
-def patched(method: str, model_type: str, head: str):
-    return posswap.patch(sharpen_qk(make_model(model_type, head)), FACTORIES[method](NEW_LENGTH)).eval()
+def patched(method: str | posswap.InterpolateConfig, model_type: str, head: str):
+    config = FACTORIES[method](NEW_LENGTH) if isinstance(method, str) else method
+    return posswap.patch(sharpen_qk(make_model(model_type, head)), config).eval()
 
 
-@pytest.mark.parametrize("method", FACTORIES)
-@pytest.mark.parametrize("model_type,head", FAMILIES, ids=FAMILY_IDS)
+def refused(method: str, model_type: str) -> bool:
+    """A method that installs its own attention kernel, on a family whose attention is its own module's (mpnet)."""
+    return bool(ARCHITECTURES[model_type].own_attention) and installs_attention(METHODS[method].config_class)
+
+
+# (method, model_type, head): every method on every family, split into those that run and those refused.
+CASES = [(method, model_type, head) for method in FACTORIES for model_type, head in FAMILIES]
+RUN = [case for case in CASES if not refused(*case[:2])]
+REFUSED = [case for case in CASES if refused(*case[:2])]
+
+
+def case_id(case) -> str:
+    return f"{case[0]}-{case[1]}"
+
+
+@pytest.mark.parametrize("method,model_type,head", RUN, ids=[case_id(c) for c in RUN])
 def test_round_trip_and_too_long_input(method, model_type, head, tmp_path):
     model = reload_and_compare(patched(method, model_type, head), tmp_path, NEW_LENGTH)
     assert model.config.max_position_embeddings - ARCHITECTURES[model_type].offset(model.config) == NEW_LENGTH
@@ -50,9 +69,27 @@ def test_round_trip_and_too_long_input(method, model_type, head, tmp_path):
         outputs(model, token_ids(NEW_LENGTH + 1))
 
 
+@pytest.mark.parametrize("method,model_type,head", REFUSED, ids=[case_id(c) for c in REFUSED])
+def test_attention_methods_are_refused_where_the_family_computes_its_own(method, model_type, head):
+    """MPNet's attention is its own module's (with its own relative bias, and no positions handed to it): rope,
+    alibi, t5-bias and tupe are refused in one line naming family, method and what to use, the model untouched."""
+    model = sharpen_qk(make_model(model_type, head))
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=f"cannot patch {model_type} .* with {method}: .*own module") as error:
+        posswap.patch(model, FACTORIES[method](NEW_LENGTH))
+    assert "\n" not in str(error.value) and "Use interpolate" in str(error.value)
+    assert_untouched(model, before)
+    assert not hasattr(model.config, "posswap")
+
+
+# The shipped MiniLM recipes' placement (recipes/minilm-late-2k.yaml's posswap block, at this length).
+RECIPE_PLACEMENT = posswap.InterpolateConfig(
+    max_length=NEW_LENGTH, mode="stride", exact_short_inputs=True, stride_per_length=True, stride_blocks=2
+)
 SHORT_EXACT = {
     "copy": posswap.InterpolateConfig(max_length=NEW_LENGTH, mode="copy"),
     "stride-exact": posswap.InterpolateConfig(max_length=NEW_LENGTH, mode="stride", exact_short_inputs=True),
+    "stride-recipe": RECIPE_PLACEMENT,
 }
 
 
@@ -72,8 +109,10 @@ def test_short_inputs_give_the_stock_outputs(config, model_type, head):
     assert torch.isfinite(longer).all()
 
 
-@pytest.mark.parametrize("method", ["rope", "alibi"])
-@pytest.mark.parametrize("model_type,head", FAMILIES, ids=FAMILY_IDS)
+ATTENTION_CASES = [case for case in RUN if case[0] in ("rope", "alibi")]
+
+
+@pytest.mark.parametrize("method,model_type,head", ATTENTION_CASES, ids=[case_id(c) for c in ATTENTION_CASES])
 def test_explicit_position_ids_reach_the_attention(method, model_type, head):
     """Tokens at positions 0, 2, 4, ... given as position_ids equal the same tokens with a masked filler token
     between each two (the model's own positions): DistilBERT gives the caller's ids to its embeddings only."""
@@ -146,11 +185,12 @@ def test_albert_shared_layer_equals_two_equal_layers(method):
     torch.testing.assert_close(outputs(shared, ids), outputs(separate, ids), atol=1e-5, rtol=1e-5)
 
 
-# model_type -> (method, Auto class) of the folder loaded without posswap.
+# model_type -> (method or config, Auto class) of the folder loaded without posswap.
 REMOTE = {
     "camembert": ("rope", "AutoModelForMaskedLM"),
     "distilbert": ("alibi", "AutoModelForSequenceClassification"),
     "albert": ("tupe", "AutoModelForMaskedLM"),
+    "mpnet": (RECIPE_PLACEMENT, "AutoModelForMaskedLM"),  # the placement's code travels with the folder
 }
 LOADER = """
 import json, sys
@@ -195,7 +235,10 @@ def test_camembert_rope_exports_to_roformer(tmp_path):
     torch.testing.assert_close(outputs(native, ids), outputs(model, ids), atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("model_type,head", [f for f in FAMILIES if f[0] != "camembert"], ids=["distilbert", "albert"])
+NO_NATIVE = [f for f in FAMILIES if f[0] in ("distilbert", "albert")]  # mpnet: rope itself is refused
+
+
+@pytest.mark.parametrize("model_type,head", NO_NATIVE, ids=[f[0] for f in NO_NATIVE])
 def test_families_without_a_native_rope_model_refuse_export_in_one_line(model_type, head, tmp_path):
     model = patched("rope", model_type, head)
     with pytest.raises(ValueError, match=f"No exact native export for {head}: .*{model_type}") as error:
@@ -213,9 +256,6 @@ def test_onnx_encoder_knows_every_padding_offset():
 
 
 UNSUPPORTED = {
-    "mpnet": lambda: transformers.MPNetForMaskedLM(
-        transformers.MPNetConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4)
-    ),
     "gpt_neo": lambda: transformers.GPTNeoForCausalLM(
         transformers.GPTNeoConfig(vocab_size=99, hidden_size=32, num_layers=2, num_heads=4, attention_types=[[["global"], 2]])
     ),

@@ -14,7 +14,7 @@ from ..portable.posswap_attention import bias_map
 from ..portable.posswap_rules import boolean
 from ..registry import register_method
 from .absolute import absolute_field, check_absolute, keep_table, planned_table_weight
-from .backends import backend_field, check_bias_backend, resolve_bias_backend
+from .backends import backend_field, check_attention_interface, check_bias_backend, resolve_bias_backend
 
 
 @dataclass
@@ -33,6 +33,7 @@ class AlibiConfig(PositionConfig):
 
 
 def check(model: nn.Module, sites: Sites, config: AlibiConfig) -> None:
+    check_attention_interface(sites, config.method)
     if config.symmetric is False and not sites.arch.causal:
         raise ValueError(
             f"symmetric=False (the causal bias -m*(i-j)) needs a causal model; {sites.arch.model_type} attends both "

@@ -6,6 +6,8 @@ import torch
 from torch import nn
 
 from ..portable.posswap_architectures import ARCHITECTURES, NOT_YET, Architecture, Sites, padding_offset
+from ..registry import registered
+from .backends import installs_attention
 
 
 def first_layer_qk(sites: Sites) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,6 +55,7 @@ def families_table() -> str:
     for name, arch in sorted(ARCHITECTURES.items()):
         offset = "`pad_token_id + 1`" if arch.offset is padding_offset else "0"
         native = {"roformer": "RoFormer", "gpt_neox": "GPT-NeoX"}.get(arch.native_export, "refused: no exact native")
+        native = "- (no `rope`)" if arch.own_attention else native
         rows.append(
             f"| `{name}` | `{arch.class_prefix}*` | {'decoder' if arch.causal else 'encoder'} | {offset} | {native} "
             f"| {'; '.join(_notes(arch)) or '-'} |"
@@ -60,8 +63,8 @@ def families_table() -> str:
     refused = "".join(f"\n- `{name}`: {why}." for name, why in NOT_YET.items())
     return (
         "\n".join(rows)
-        + "\n\nEvery method runs on every family above, with any head. Refused in one line, for now:\n"
-        + refused
+        + "\n\nEvery method runs on every family above, with any head, except those its notes refuse. Refused in one "
+        "line, for now:\n" + refused
     )
 
 
@@ -69,12 +72,23 @@ def _notes(arch: Architecture) -> list[str]:
     notes = [f"the length is `config.{arch.size_name}`"] if arch.size_name != "max_position_embeddings" else []
     if arch.embedding_projection:
         notes.append("embeddings projected to the layers' width: fitted inits read through the projection")
-    if not arch.passes_position_ids:
+    if arch.own_attention:
+        attention = [
+            f"`{name}`" for name, spec in sorted(registered().items()) if installs_attention(spec.config_class)
+        ]
+        notes.append(f"{', '.join(attention)} refused: {arch.own_attention}; use `interpolate`")
+    elif not arch.passes_position_ids:
         notes.append("posswap carries `position_ids` to the attention, which the model does not")
+    if arch.note:
+        notes.append(arch.note)
     return notes
 
 
 def families_sentence() -> str:
-    """The README's line: every supported ``model_type``, in one sentence."""
-    names = ", ".join(f"`{name}`" for name in sorted(ARCHITECTURES))
-    return f"Every method works with {names} checkpoints, with any head ([families](docs/families.md))."
+    """The README's line: every supported ``model_type``, in one sentence (those that compute attention in their own
+    module with the methods that leave attention alone)."""
+    names = ", ".join(f"`{name}`" for name, arch in sorted(ARCHITECTURES.items()) if not arch.own_attention)
+    own = ", ".join(f"`{name}`" for name, arch in sorted(ARCHITECTURES.items()) if arch.own_attention)
+    table_methods = [name for name, spec in sorted(registered().items()) if not installs_attention(spec.config_class)]
+    partly = f"; {own} with {', '.join(f'`{name}`' for name in table_methods)}" if own else ""
+    return f"Every method works with {names} checkpoints, with any head{partly} ([families](docs/families.md))."

@@ -7,10 +7,12 @@ the kernel chosen before anything changes.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import field
 
 from torch import nn
 
+from ..portable.posswap_architectures import Sites
 from ..portable.posswap_attention import BACKENDS, BIAS_IMPLEMENTATIONS
 from ..portable.posswap_rules import choice
 
@@ -25,6 +27,24 @@ def backend_field():
     """The ``backend`` option of every method that runs its own attention (RoPE, ALiBi, T5 bias, TUPE): declared
     once."""
     return field(default=None, metadata={"help": BACKEND_HELP, "rule": choice(*BACKENDS, optional=True)})
+
+
+def installs_attention(config_class: type) -> bool:
+    """Whether a method installs its own attention kernel: the methods with the ``backend`` option."""
+    return any(f.name == "backend" for f in dataclasses.fields(config_class))
+
+
+def check_attention_interface(sites: Sites, method: str) -> None:
+    """Before patching a method that installs its own attention kernel (the first check of each): the family's
+    attention goes through transformers' attention interface, where the kernel is installed
+    (``Architecture.own_attention`` says why not)."""
+    why = sites.arch.own_attention
+    if why:
+        raise ValueError(
+            f"posswap cannot patch {sites.arch.model_type} ({type(sites.model).__name__}) with {method}: {why}, so "
+            "posswap's attention kernels cannot be installed. Use interpolate instead (mode='stride' with "
+            "exact_short_inputs=True keeps inputs within the original length exact)."
+        )
 
 
 def check_backend(model: nn.Module, backend: str | None) -> None:

@@ -19,7 +19,7 @@ from ..portable.posswap_rules import check as check_rule
 from ..portable.posswap_rules import choice, number
 from ..registry import register_method
 from .absolute import absolute_field, check_absolute, keep_table, planned_table_weight
-from .backends import backend_field, check_backend
+from .backends import backend_field, check_attention_interface, check_backend
 from .rope_fit import fit_rotary_biases
 from .table_logits import original_rows
 
@@ -82,6 +82,7 @@ class RopeConfig(PositionConfig):
 
 
 def check(model: nn.Module, sites: Sites, config: RopeConfig) -> None:
+    check_attention_interface(sites, config.method)
     check_absolute(sites, config.absolute)
     check_backend(model, config.backend)
     head_dim = model.config.hidden_size // model.config.num_attention_heads

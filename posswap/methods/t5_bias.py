@@ -28,7 +28,7 @@ from ..portable.posswap_rules import check as check_rule
 from ..portable.posswap_t5 import INITS, t5_buckets
 from ..registry import register_method
 from .absolute import absolute_field, check_absolute, keep_table, planned_table_weight
-from .backends import backend_field, check_bias_backend, resolve_bias_backend
+from .backends import backend_field, check_attention_interface, check_bias_backend, resolve_bias_backend
 from .table_logits import first_layer_position_scores, original_rows
 
 
@@ -71,6 +71,7 @@ class T5BiasConfig(PositionConfig):
 
 
 def check(model: nn.Module, sites: Sites, config: T5BiasConfig) -> None:
+    check_attention_interface(sites, config.method)
     check_absolute(sites, config.absolute)
     if config.init == "fit" and sites.table is None:
         raise ValueError(

@@ -22,7 +22,7 @@ from ..portable.posswap_rules import boolean, choice
 from ..portable.posswap_tupe import tupe_map
 from ..registry import register_method
 from .architectures import embedding_projection, first_layer_qk
-from .backends import backend_field, check_bias_backend, resolve_bias_backend
+from .backends import backend_field, check_attention_interface, check_bias_backend, resolve_bias_backend
 from .interpolate import resized_table_weight
 
 
@@ -60,6 +60,7 @@ class TupeConfig(PositionConfig):
 
 
 def check(model: nn.Module, sites: Sites, config: TupeConfig) -> None:
+    check_attention_interface(sites, config.method)
     if sites.table is None:
         raise ValueError(
             "tupe starts from the learned position table, but this model has none left (a method dropped it). "

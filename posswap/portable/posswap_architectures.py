@@ -47,6 +47,11 @@ class Architecture:
     # Whether the base model hands the caller's position_ids down to its attention modules' kwargs (BERT, ALBERT,
     # GPT-2 do; DistilBERT only gives them to its embeddings: posswap_positions.py carries them down).
     passes_position_ids: bool = True
+    # Why posswap's attention methods (rope, alibi, t5-bias, tupe: those with a `backend` option) cannot run on the
+    # family: its attention is computed in its own module, not through transformers' attention interface where
+    # posswap installs its kernels ("" = it goes through that interface; every method runs). The refusal names it.
+    own_attention: str = ""
+    note: str = ""  # a fact of the family the supported-families table shows (docs/families.md)
 
 
 def padding_offset(config) -> int:
@@ -115,6 +120,28 @@ ARCHITECTURES: dict[str, Architecture] = {
         embedding_projection="encoder.embedding_hidden_mapping_in",
         native_export="",
     ),
+    # Attention computed in MPNetSelfAttention itself (matmul, mask, softmax), plus a T5-style relative bias the
+    # encoder computes once from 0..n-1 and shares with every layer: the table methods run, the attention methods are
+    # refused. Its table numbers positions from padding_idx + 1 = 2 (padding_idx is 1 in transformers, as the
+    # config's pad_token_id and the tokenizer's pad id).
+    "mpnet": Architecture(
+        "mpnet",
+        embeddings="embeddings",
+        table="position_embeddings",
+        self_attention="encoder.layer.*.attention.attn",
+        causal=False,
+        qk_projections=(("q", (0,)), ("k", (0,))),
+        lora_targets=("q", "k", "v"),
+        conv1d=False,
+        layer_class="MPNetLayer",
+        class_prefix="MPNet",
+        offset=padding_offset,
+        native_export="",
+        passes_position_ids=False,
+        own_attention="MPNet computes attention in its own module, with its own relative position bias, and does not "
+        "hand positions to its attention",
+        note="its own relative bias (buckets to 128 tokens) stays as it is under `interpolate`, `sinusoidal` and `nope`",
+    ),
     "gpt2": Architecture(
         "gpt2",
         embeddings="",
@@ -136,8 +163,6 @@ ARCHITECTURES: dict[str, Architecture] = {
 # Families with a learned position table that posswap does not patch yet, and why: the refusal names it, and the
 # supported-families table lists it (``python -m posswap.cli.generate --write``).
 NOT_YET: dict[str, str] = {
-    "mpnet": "its attention is computed in its own module (not through transformers' attention interface), with its "
-    "own relative bias, and position_ids do not reach it",
     "opt": "its heads call the decoder directly, past the base model's forward where posswap's hooks run, and its "
     "table adds its offset of 2 inside its own forward",
     "gpt_neo": "its attention is computed in its own module, not through transformers' attention interface",

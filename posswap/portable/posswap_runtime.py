@@ -52,7 +52,7 @@ def install_positions(model: nn.Module, block: dict, sites: Sites | None = None)
     if needs_runtime_code(block):
         # Its hook also marks a call that came through the hooks: see posswap_state.forward_through_hooks.
         install_call_state(sites.base)
-        if not sites.arch.passes_position_ids:
+        if not sites.arch.passes_position_ids and not sites.arch.own_attention:  # no posswap kernel to carry them to
             install_position_carrier(sites.base, sites.self_attentions())
     install_length_guard(sites.base, sites.offset)
     install_atomic_save(model)

