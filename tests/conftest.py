@@ -29,6 +29,10 @@ from posswap.registry import registered
 
 registered()  # posswap's own methods, registered before a test module reads the table at collection
 
+# method name -> config for a new length: each method's own example (register_method(..., example=)); the common
+# test body (test_common.py) and the families' (test_families.py) run every method through it.
+FACTORIES = {name: spec.example for name, spec in registered().items() if spec.example is not None}
+
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
 OLD_LENGTH = 32  # tokens the tiny models read before patching
 

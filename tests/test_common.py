@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import (
+    FACTORIES,
     MODEL_IDS,
     MODELS,
     OLD_LENGTH,
@@ -29,9 +30,6 @@ from posswap.portable import posswap_runtime
 from posswap.registry import METHODS
 
 NEW_LENGTH = 4 * OLD_LENGTH
-
-# method name -> config for a new length: each method's own example (register_method(..., example=)).
-FACTORIES = {name: spec.example for name, spec in METHODS.items() if spec.example is not None}
 
 
 def test_every_registered_method_has_a_factory():

@@ -15,6 +15,7 @@ import pytest
 import torch
 import transformers
 from conftest import (
+    FACTORIES,
     FAMILIES,
     FAMILY_IDS,
     OLD_LENGTH,
@@ -38,7 +39,6 @@ from posswap.portable.posswap_architectures import ARCHITECTURES, NOT_YET
 from posswap.registry import METHODS
 
 NEW_LENGTH = 4 * OLD_LENGTH
-FACTORIES = {name: spec.example for name, spec in METHODS.items() if spec.example is not None}
 
 
 def patched(method: str | posswap.InterpolateConfig, model_type: str, head: str):

@@ -69,6 +69,12 @@ _BERT_LIKE = dict(
     conv1d=False,
 )
 
+
+def _bert_like(**changes) -> dict:
+    """BERT's layout with the fields a family names differently (its attention's path, its projections)."""
+    return {**_BERT_LIKE, **changes}
+
+
 ARCHITECTURES: dict[str, Architecture] = {
     "bert": Architecture("bert", **_BERT_LIKE, layer_class="BertLayer", class_prefix="Bert"),
     "electra": Architecture(
@@ -92,13 +98,11 @@ ARCHITECTURES: dict[str, Architecture] = {
     # position_ids to the embeddings only.
     "distilbert": Architecture(
         "distilbert",
-        embeddings="embeddings",
-        table="position_embeddings",
-        self_attention="transformer.layer.*.attention",
-        causal=False,
-        qk_projections=(("q_lin", (0,)), ("k_lin", (0,))),
-        lora_targets=("q_lin", "k_lin", "v_lin"),
-        conv1d=False,
+        **_bert_like(
+            self_attention="transformer.layer.*.attention",
+            qk_projections=(("q_lin", (0,)), ("k_lin", (0,))),
+            lora_targets=("q_lin", "k_lin", "v_lin"),
+        ),
         layer_class="TransformerBlock",
         class_prefix="DistilBert",
         native_export="",
@@ -108,13 +112,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     # that shares it. Embeddings of embedding_size are mapped to the layers' width by the encoder's first Linear.
     "albert": Architecture(
         "albert",
-        embeddings="embeddings",
-        table="position_embeddings",
-        self_attention="encoder.albert_layer_groups.*.albert_layers.*.attention",
-        causal=False,
-        qk_projections=(("query", (0,)), ("key", (0,))),
-        lora_targets=("query", "key", "value"),
-        conv1d=False,
+        **_bert_like(self_attention="encoder.albert_layer_groups.*.albert_layers.*.attention"),
         layer_class="AlbertLayer",
         class_prefix="Albert",
         embedding_projection="encoder.embedding_hidden_mapping_in",
@@ -126,13 +124,11 @@ ARCHITECTURES: dict[str, Architecture] = {
     # config's pad_token_id and the tokenizer's pad id).
     "mpnet": Architecture(
         "mpnet",
-        embeddings="embeddings",
-        table="position_embeddings",
-        self_attention="encoder.layer.*.attention.attn",
-        causal=False,
-        qk_projections=(("q", (0,)), ("k", (0,))),
-        lora_targets=("q", "k", "v"),
-        conv1d=False,
+        **_bert_like(
+            self_attention="encoder.layer.*.attention.attn",
+            qk_projections=(("q", (0,)), ("k", (0,))),
+            lora_targets=("q", "k", "v"),
+        ),
         layer_class="MPNetLayer",
         class_prefix="MPNet",
         offset=padding_offset,
