@@ -15,10 +15,11 @@ RESAMPLE_COPIES = 3
 HEADROOM = 0.5
 
 
-def patch_bytes(model: nn.Module, config: PositionConfig, sites: Sites | None = None) -> int:
+def patch_bytes(model: nn.Module, config: PositionConfig, sites: Sites | None = None, stacks: int = 1) -> int:
     """About how many bytes patching ``model`` to ``config`` allocates: the position-sized buffers, a kept
     (``absolute="keep"``) table extended by copy, and what the method itself says it builds per row
-    (``config.bytes_per_row``: a resampled table, a sinusoid). ``sites``: the model's, where the caller has them."""
+    (``config.bytes_per_row``: a resampled table, a sinusoid), for each of ``stacks`` (BART's two tables); plus
+    GPT-Neo's (rows, rows) causal mask in every layer. ``sites``: the model's, where the caller has them."""
     sites = sites or find_sites(model)
     rows = config.max_length + sites.offset
     per_row = sum(
@@ -26,7 +27,8 @@ def patch_bytes(model: nn.Module, config: PositionConfig, sites: Sites | None = 
     )
     if getattr(config, "absolute", None) == "keep":
         per_row += resampled_table_bytes_per_row(sites)
-    return rows * (per_row + config.bytes_per_row(sites))
+    masks = rows * rows * len(sites.self_attentions()) if sites.arch.attention_buffers else 0  # torch.bool
+    return stacks * rows * (per_row + config.bytes_per_row(sites)) + masks
 
 
 def resampled_table_bytes_per_row(sites) -> int:
@@ -43,12 +45,12 @@ def free_bytes(device: torch.device) -> int:
     return psutil.virtual_memory().available
 
 
-def check_patch_fits(model: nn.Module, config: PositionConfig, sites: Sites | None = None) -> None:
+def check_patch_fits(model: nn.Module, config: PositionConfig, sites: Sites | None = None, stacks: int = 1) -> None:
     """Raise ``ValueError`` naming max_length when the patch would need more memory than is free."""
     device = next(model.parameters()).device
     if device.type == "meta":
         return
-    needed, free = patch_bytes(model, config, sites), free_bytes(device)
+    needed, free = patch_bytes(model, config, sites, stacks), free_bytes(device)
     if needed > free * HEADROOM:
         raise ValueError(
             f"max_length {config.max_length} needs about {needed / 2**30:.1f} GiB for the position table and buffers, "

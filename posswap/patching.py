@@ -10,7 +10,12 @@ from torch import nn
 from .config import PositionConfig, check_flags, config_from_dict
 from .memory import check_patch_fits
 from .portable.modeling_posswap import CONFIG_CLASSES
-from .portable.posswap_architectures import assign_buffers, find_sites, resized_position_buffers
+from .portable.posswap_architectures import (
+    assign_buffers,
+    find_stacks,
+    resized_attention_buffers,
+    resized_position_buffers,
+)
 from .portable.posswap_block import CheckedBlock
 from .portable.posswap_runtime import install_positions, needs_runtime_code
 from .registry import get_method
@@ -46,26 +51,24 @@ def patch(
         return model
     config = _checked_copy(config)
     spec = get_method(config.method)
-    sites = find_sites(model)
+    stacks = find_stacks(model)
+    sites = stacks[0]
     check_no_shrink(config.max_length, sites.max_length, allow_shrink)
     previous = getattr(model.config, CONFIG_KEY, None)
-    if previous and previous["method"] != config.method:
-        raise ValueError(
-            f"This model is already patched with {previous['method']!r}; patching it again with "
-            f"{config.method!r} is not supported. Start from the original checkpoint."
-        )
+    _check_same_method(previous, config.method)
     if tokenizer is not None and not hasattr(tokenizer, "model_max_length"):
         raise TypeError(f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}.")
-    spec.check(model, sites, config)
-    check_patch_fits(model, config, sites)  # before any position-sized tensor is allocated
+    for each in stacks:
+        spec.check(model, each, config)
+    check_patch_fits(model, config, sites, len(stacks))  # before any position-sized tensor is allocated
 
     # Everything below changes the model; allocations come first, and any failure puts everything back.
     rows = config.max_length + sites.offset
-    buffers = resized_position_buffers(sites, rows)
+    buffers = [(each, resized_position_buffers(each, rows), resized_attention_buffers(each, rows)) for each in stacks]
     original_length = previous["original_length"] if previous else sites.max_length
     with model_transaction(model):
-        applied = spec.apply(model, sites, config)  # weights: the table resized or kept
-        assign_buffers(sites.owner, buffers)
+        applied = [spec.apply(model, each, config) for each in stacks]  # weights: the tables resized or kept
+        _assign_all(buffers)
         model.config.max_position_embeddings = rows
         block = {**config.to_dict(), "original_length": original_length, "version": __version__}
         if isinstance(previous, CheckedBlock) and previous.unchanged() and previous == block:
@@ -74,12 +77,29 @@ def patch(
         if needs_runtime_code(block):
             # Saved, the folder says posswap-<type> and carries the code that runs the method (modeling_posswap).
             model.config.__class__ = CONFIG_CLASSES[sites.arch.model_type]
-        install_positions(model, block, sites)  # run time: what a saved model's own class installs when built
+        install_positions(model, block, stacks)  # run time: what a saved model's own class installs when built
         if spec.initialize is not None:
-            spec.initialize(model, sites, config, applied)
+            for each, result in zip(stacks, applied, strict=True):
+                spec.initialize(model, each, config, result)
     if tokenizer is not None:
         tokenizer.model_max_length = config.max_length
     return model
+
+
+def _check_same_method(previous: dict | None, method: str) -> None:
+    if previous and previous["method"] != method:
+        raise ValueError(
+            f"This model is already patched with {previous['method']!r}; patching it again with "
+            f"{method!r} is not supported. Start from the original checkpoint."
+        )
+
+
+def _assign_all(buffers: list) -> None:
+    """Each stack's position-sized buffers on its embeddings, and its attention modules' (GPT-Neo's masks)."""
+    for sites, owned, per_attention in buffers:
+        assign_buffers(sites.owner, owned)
+        for attention, values in per_attention:
+            assign_buffers(attention, values)
 
 
 def patched_config(model: nn.Module) -> PositionConfig | None:

@@ -24,7 +24,7 @@ from hub_server import HubStandIn
 
 import posswap
 from posswap.data import GPT2_TOKENIZER_DIR, read_document
-from posswap.portable.posswap_architectures import find_sites
+from posswap.portable.posswap_architectures import ARCHITECTURES, find_stacks
 from posswap.registry import registered
 
 registered()  # posswap's own methods, registered before a test module reads the table at collection
@@ -35,6 +35,11 @@ FACTORIES = {name: spec.example for name, spec in registered().items() if spec.e
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
 OLD_LENGTH = 32  # tokens the tiny models read before patching
+ENCODER_DECODER = dict(
+    vocab_size=99, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+    encoder_ffn_dim=37, decoder_ffn_dim=37, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+    dropout=0.0,  # functional dropout (no nn.Dropout a test could switch off): the checkpointing test compares exactly
+)  # fmt: skip
 
 TINY_CONFIGS = {
     "bert": lambda: transformers.BertConfig(**TINY, max_position_embeddings=OLD_LENGTH),
@@ -55,7 +60,19 @@ TINY_CONFIGS = {
     "albert": lambda: transformers.AlbertConfig(**TINY, embedding_size=16, max_position_embeddings=OLD_LENGTH),
     # RoBERTa's offset too (its padding_idx is 1); attention and a relative bias of its own.
     "mpnet": lambda: transformers.MPNetConfig(**TINY, pad_token_id=1, max_position_embeddings=OLD_LENGTH + 2),
-}
+    # The table adds its own offset of 2 (not in max_position_embeddings); positions from the attention mask.
+    "opt": lambda: transformers.OPTConfig(
+        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=37, word_embed_proj_dim=32,
+        max_position_embeddings=OLD_LENGTH, pad_token_id=1, bos_token_id=2, eos_token_id=2, dropout=0.0,
+    ),
+    # A global and a local layer (window 8 < OLD_LENGTH: the window shows within the tiny model's length).
+    "gpt_neo": lambda: transformers.GPTNeoConfig(
+        vocab_size=99, hidden_size=32, num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]],
+        window_size=8, max_position_embeddings=OLD_LENGTH, bos_token_id=98, eos_token_id=98,
+    ),
+    "bart": lambda: transformers.BartConfig(**ENCODER_DECODER, max_position_embeddings=OLD_LENGTH),
+    "mbart": lambda: transformers.MBartConfig(**ENCODER_DECODER, max_position_embeddings=OLD_LENGTH),
+}  # fmt: skip
 
 # (model_type, head class): every architecture with more than one kind of head.
 MODELS = [
@@ -77,6 +94,10 @@ FAMILIES = [
     ("distilbert", "DistilBertForSequenceClassification"),
     ("albert", "AlbertForMaskedLM"),
     ("mpnet", "MPNetForMaskedLM"),
+    ("opt", "OPTForCausalLM"),
+    ("gpt_neo", "GPTNeoForCausalLM"),
+    ("bart", "BartForConditionalGeneration"),
+    ("mbart", "MBartForConditionalGeneration"),
 ]
 FAMILY_IDS = [model_type for model_type, _ in FAMILIES]
 
@@ -92,9 +113,9 @@ def make_model(model_type: str, head: str, seed: int = 0) -> transformers.PreTra
 def sharpen_qk(model):
     """A tiny random model has q.k ~ 0, which hides position effects: scale the q and k projections up (each
     module once: ALBERT's one layer serves every depth)."""
-    sites, width = find_sites(model), model.config.hidden_size
+    width = model.config.hidden_size
     with torch.no_grad():
-        for attention in sites.self_attentions():
+        for sites, attention in ((s, a) for s in find_stacks(model) for a in s.self_attentions()):
             for name, chunks in sites.arch.qk_projections:
                 weight = getattr(attention, name).weight
                 for chunk in chunks:
@@ -128,9 +149,11 @@ def assert_decoding_equals_full_pass(
 
 
 def padded_mask(ids: torch.Tensor, model_type: str, pad: int) -> torch.Tensor:
-    """An attention mask whose second row has ``pad`` padding tokens: on the left for GPT-2, on the right for encoders."""
+    """An attention mask whose second row has ``pad`` padding tokens: on the left for decoders (GPT-2, OPT), on the
+    right for encoders (and for an encoder-decoder's encoder)."""
     mask = torch.ones_like(ids)
-    if model_type == "gpt2":
+    arch = ARCHITECTURES[model_type]
+    if arch.causal and not arch.encoder_decoder:
         mask[1, :pad] = 0
     else:
         mask[1, -pad:] = 0

@@ -35,13 +35,12 @@ def test_config_from_dict_errors():
 
 
 def test_unknown_model_type_lists_supported():
-    config = transformers.OPTConfig(
-        vocab_size=99, hidden_size=16, num_hidden_layers=1, ffn_dim=32, num_attention_heads=2, word_embed_proj_dim=16
-    )
-    model = transformers.OPTModel(config)
+    # CTRL: a sinusoidal table of its own, not a learned one posswap patches.
+    config = transformers.CTRLConfig(vocab_size=99, n_embd=16, n_layer=1, n_head=2, dff=32, n_positions=64)
+    model = transformers.CTRLModel(config)
     before = snapshot(model)
     supported = ", ".join(sorted(ARCHITECTURES))
-    with pytest.raises(ValueError, match=f"does not support model_type 'opt'.*Supported model types: {supported}\\."):
+    with pytest.raises(ValueError, match=f"does not support model_type 'ctrl'.*Supported model types: {supported}\\."):
         posswap.patch(model, posswap.InterpolateConfig(max_length=64))
     assert_untouched(model, before)
 

@@ -102,8 +102,9 @@ def test_fsdp_config_wraps_every_architectures_block():
 
     config = yaml.safe_load((Path(__file__).parents[1] / "recipes/accelerate/fsdp.yaml").read_text())
     listed = set(config["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"].split(","))
-    assert listed == {arch.layer_class for arch in ARCHITECTURES.values()}
+    assert listed == {name for arch in ARCHITECTURES.values() for name in arch.layer_classes}
     for arch in ARCHITECTURES.values():
         module = transformers.models.auto.configuration_auto.model_type_to_module_name(arch.model_type)
         assert hasattr(getattr(transformers.models, module), f"modeling_{module}")
-        assert hasattr(getattr(getattr(transformers.models, module), f"modeling_{module}"), arch.layer_class)
+        for name in arch.layer_classes:
+            assert hasattr(getattr(getattr(transformers.models, module), f"modeling_{module}"), name)

@@ -37,7 +37,7 @@ def check_absolute(sites: Sites, absolute: str) -> None:
 def planned_table_weight(sites: Sites, absolute: str, max_length: int) -> torch.Tensor | None:
     """For 'keep': the table extended by copy (old positions keep their vectors). Built before any change."""
     if absolute == "keep" and max_length != sites.max_length:
-        return resample_positions(sites.table.weight.detach(), sites.offset, max_length, "copy")
+        return resample_positions(sites.table.weight.detach(), sites.table_offset, max_length, "copy")
     return None
 
 

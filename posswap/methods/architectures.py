@@ -61,10 +61,11 @@ def families_table() -> str:
             f"| {'; '.join(_notes(arch)) or '-'} |"
         )
     refused = "".join(f"\n- `{name}`: {why}." for name, why in NOT_YET.items())
+    refused = f" Refused in one line, for now:\n{refused}" if refused else ""
     return (
         "\n".join(rows)
-        + "\n\nEvery method runs on every family above, with any head, except those its notes refuse. Refused in one "
-        "line, for now:\n" + refused
+        + "\n\nEvery method runs on every family above, with any head, except those its notes refuse."
+        + refused
     )
 
 

@@ -74,7 +74,7 @@ class InterpolateConfig(PositionConfig):
 
 def resized_table_weight(sites: Sites, max_length: int, mode: str, blocks: int = 1) -> torch.Tensor:
     """The table's new weight for ``max_length`` tokens (RoBERTa's padding rows kept as they are)."""
-    return resample_positions(sites.table.weight.detach(), sites.offset, max_length, mode, blocks)
+    return resample_positions(sites.table.weight.detach(), sites.table_offset, max_length, mode, blocks)
 
 
 def check(model: nn.Module, sites: Sites, config: InterpolateConfig) -> None:

@@ -62,7 +62,7 @@ def apply(model: nn.Module, sites: Sites, config: SinusoidalConfig) -> None:
     """No weight change (posswap.patch then swaps the table for the sinusoid); only the scale is resolved, and
     recorded in the saved block, so that a saved model rebuilds the same table without the learned one."""
     if config.scale == "match":
-        learned = sites.table.weight.detach()[sites.offset :]  # real positions only, not RoBERTa's padding rows
+        learned = sites.table.weight.detach()[sites.table_offset :]  # real positions only, not RoBERTa's padding rows
         # Over the positions the model knew, the sinusoid then has the learned table's RMS.
         config.scale = rms(learned) / rms(sinusoidal_table(learned.shape[0], learned.shape[1], config.theta))
     config.scale = float(config.scale)

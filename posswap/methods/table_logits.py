@@ -20,7 +20,7 @@ def original_rows(model: nn.Module, sites: Sites) -> torch.Tensor:
     """A copy of the table rows of the original positions (a model patched before: its own original length)."""
     previous = getattr(model.config, "posswap", None) or {}
     length = previous.get("original_length", sites.max_length)
-    return sites.table.weight.detach()[sites.offset : sites.offset + length].clone()
+    return sites.table.weight.detach()[sites.table_offset : sites.table_offset + length].clone()
 
 
 def position_inputs(model: nn.Module, sites: Sites, rows: torch.Tensor) -> torch.Tensor:

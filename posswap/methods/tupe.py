@@ -75,7 +75,7 @@ def apply(model: nn.Module, sites: Sites, config: TupeConfig) -> torch.Tensor:
     config.backend = resolve_bias_backend(model, config.backend)
     if config.cls_reset is None:
         config.cls_reset = not sites.arch.causal
-    return resized_table_weight(sites, config.max_length, config.mode)[sites.offset :]
+    return resized_table_weight(sites, config.max_length, config.mode)[sites.table_offset :]
 
 
 def _first_layer_qk(sites: Sites) -> tuple[torch.Tensor, torch.Tensor]:

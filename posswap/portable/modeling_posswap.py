@@ -38,6 +38,7 @@ AUTO_HEADS = {
     "AutoModelForTokenClassification": modeling_auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
     "AutoModelForQuestionAnswering": modeling_auto.MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES,
     "AutoModelForMultipleChoice": modeling_auto.MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES,
+    "AutoModelForSeq2SeqLM": modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
 }
 
 
@@ -120,7 +121,10 @@ def _stock_heads(model_type: str) -> list[type]:
     modeling = getattr(module, f"modeling_{model_type_to_module_name(model_type)}")
     classes = [getattr(modeling, name) for name in modeling.__all__]
     return [
-        c for c in classes if issubclass(c, transformers.PreTrainedModel) and not c.__name__.endswith("PreTrainedModel")
+        c
+        for c in classes
+        # Not the abstract base, nor a deprecated alias (PretrainedBartModel warns when subclassed)
+        if issubclass(c, transformers.PreTrainedModel) and "pretrained" not in c.__name__.lower()
     ]
 
 

@@ -10,6 +10,7 @@ posswap.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,7 +33,9 @@ class Architecture:
     qk_projections: tuple[tuple[str, tuple[int, ...]], ...]
     lora_targets: tuple[str, ...]  # self-attention projections LoRA adapts
     conv1d: bool  # GPT-2's projections are Conv1D, weights stored (in, out): peft's fan_in_fan_out
-    layer_class: str  # the transformer block, FSDP's unit of wrapping (recipes/accelerate/fsdp.yaml lists them)
+    # The transformer block, FSDP's unit of wrapping (recipes/accelerate/fsdp.yaml lists them); an encoder-decoder
+    # names its two, comma-separated as the FSDP config lists them (``layer_classes``).
+    layer_class: str
     offset: Callable[[object], int] = lambda config: 0  # table rows before the first real position
     # Linear map from the embeddings to the first layer's width, path from the base model (ELECTRA's small
     # embeddings, only there when its embedding size differs from the hidden size; ALBERT's, always there).
@@ -52,6 +55,25 @@ class Architecture:
     # posswap installs its kernels ("" = it goes through that interface; every method runs). The refusal names it.
     own_attention: str = ""
     note: str = ""  # a fact of the family the supported-families table shows (docs/families.md)
+    # The modules every head calls directly, as (path from the base model, causal): where the table, the layers and
+    # posswap's hooks live. () = the base model itself (BERT, GPT-2). OPT's heads call model.decoder, past
+    # OPTModel.forward; BART has two, the encoder (bidirectional) and the decoder (causal), each with its own table
+    # and one max_position_embeddings for both.
+    stacks: tuple[tuple[str, bool], ...] = ()
+    # Rows the table module adds to the ids itself (OPT's and BART's learned table: 2), which neither the config's
+    # max_position_embeddings nor the ids a caller passes count; RoBERTa's padding rows (``offset``) are counted.
+    inner_offset: int = 0
+    # Buffers of each self-attention module sized to the length, rebuilt at the new one: (attention, config, rows)
+    # -> {name: tensor}. GPT-Neo's causal mask (with its local layers' window) is (1, 1, rows, rows).
+    attention_buffers: Callable[[nn.Module, object, int], dict[str, torch.Tensor]] | None = None
+
+    @property
+    def layer_classes(self) -> set[str]:
+        return set(self.layer_class.split(","))
+
+    @property
+    def encoder_decoder(self) -> bool:
+        return len(self.stacks) > 1
 
 
 def padding_offset(config) -> int:
@@ -73,6 +95,39 @@ _BERT_LIKE = dict(
 def _bert_like(**changes) -> dict:
     """BERT's layout with the fields a family names differently (its attention's path, its projections)."""
     return {**_BERT_LIKE, **changes}
+
+
+def _decoder_like(**changes) -> dict:
+    """OPT's and GPT-Neo's layout (q_proj / k_proj / v_proj; layers under layers.*.self_attn)."""
+    layout = dict(
+        embeddings="",
+        table="embed_positions",
+        self_attention="layers.*.self_attn",
+        causal=True,
+        qk_projections=(("q_proj", (0,)), ("k_proj", (0,))),
+        lora_targets=("q_proj", "k_proj", "v_proj"),
+        conv1d=False,
+        native_export="",
+    )
+    return {**layout, **changes}
+
+
+_ENCODER_DECODER = dict(
+    **_decoder_like(first_norm="layernorm_embedding"),
+    stacks=(("encoder", False), ("decoder", True)),
+    inner_offset=2,
+    note="an encoder and a decoder table, both at `max_length` (one `config.max_position_embeddings`, as `generate` "
+    "reads it)",
+)
+
+
+def gpt_neo_causal_mask(attention: nn.Module, config, rows: int) -> dict[str, torch.Tensor]:
+    """GPTNeoSelfAttention's ``bias`` at ``rows`` positions, as its __init__ builds it (a local layer's window too)."""
+    old = attention.bias
+    mask = torch.tril(torch.ones((rows, rows), dtype=torch.bool, device=old.device)).view(1, 1, rows, rows)
+    if attention.attention_type == "local":
+        mask = torch.bitwise_xor(mask, torch.tril(mask, -config.window_size))
+    return {"bias": mask}
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -138,6 +193,36 @@ ARCHITECTURES: dict[str, Architecture] = {
         "hand positions to its attention",
         note="its own relative bias (buckets to 128 tokens) stays as it is under `interpolate`, `sinusoidal` and `nope`",
     ),
+    # Attention computed in GPTNeoSelfAttention itself, with a causal mask buffer sized to the length (its local
+    # layers' window cut into it): the table methods run, the mask rebuilt at the new length.
+    "gpt_neo": Architecture(
+        "gpt_neo",
+        **_decoder_like(embeddings="", table="wpe", self_attention="h.*.attn.attention", first_norm="h.0.ln_1"),
+        layer_class="GPTNeoBlock",
+        class_prefix="GPTNeo",
+        own_attention="GPT-Neo computes attention in its own module, with a causal mask of its own, not through "
+        "transformers' attention interface",
+        attention_buffers=gpt_neo_causal_mask,
+        note="its local layers keep their window of `config.window_size` tokens at every length",
+    ),
+    # The heads call model.decoder directly; its table adds 2 to the ids itself, and the ids count real tokens only
+    # (from the attention mask: a left-padded row starts at 0).
+    "opt": Architecture(
+        "opt",
+        **_decoder_like(first_norm="layers.0.self_attn_layer_norm"),
+        layer_class="OPTDecoderLayer",
+        class_prefix="OPT",
+        stacks=(("decoder", True),),
+        inner_offset=2,
+        note="positions count the real tokens from the attention mask (a left-padded row starts at 0)",
+    ),
+    # Two stacks, each with its table; one max_position_embeddings for both (what generate and the tokenizer read).
+    "bart": Architecture(
+        "bart", **_ENCODER_DECODER, layer_class="BartEncoderLayer,BartDecoderLayer", class_prefix="Bart"
+    ),
+    "mbart": Architecture(
+        "mbart", **_ENCODER_DECODER, layer_class="MBartEncoderLayer,MBartDecoderLayer", class_prefix="MBart"
+    ),
     "gpt2": Architecture(
         "gpt2",
         embeddings="",
@@ -158,13 +243,7 @@ ARCHITECTURES: dict[str, Architecture] = {
 
 # Families with a learned position table that posswap does not patch yet, and why: the refusal names it, and the
 # supported-families table lists it (``python -m posswap.cli.generate --write``).
-NOT_YET: dict[str, str] = {
-    "opt": "its heads call the decoder directly, past the base model's forward where posswap's hooks run, and its "
-    "table adds its offset of 2 inside its own forward",
-    "gpt_neo": "its attention is computed in its own module, not through transformers' attention interface",
-    "bart": "an encoder-decoder: two tables, and max_length for each, are not built yet",
-    "mbart": "an encoder-decoder: two tables, and max_length for each, are not built yet",
-}
+NOT_YET: dict[str, str] = {}
 
 
 @dataclass
@@ -173,9 +252,14 @@ class Sites:
 
     arch: Architecture
     model: nn.Module  # what the user holds (any head)
-    base: nn.Module  # the bare transformer (model.base_model)
+    base: nn.Module  # the module every head calls (model.base_model; OPT's decoder; BART's encoder or decoder)
     owner: nn.Module  # module owning the position table and position-sized buffers
-    offset: int
+    offset: int  # ids of position 0 (RoBERTa: padding_idx + 1), as the config and a caller's position_ids count them
+
+    @property
+    def table_offset(self) -> int:
+        """Rows of the table weight before position 0: the counted offset and the rows the table adds itself."""
+        return self.offset + self.arch.inner_offset
 
     @property
     def config(self):
@@ -203,6 +287,12 @@ class Sites:
 
 
 def find_sites(model: nn.Module) -> Sites:
+    """The sites of the model's first stack (an encoder-decoder's encoder): what reading and export look at."""
+    return find_stacks(model)[0]
+
+
+def find_stacks(model: nn.Module) -> list[Sites]:
+    """The sites of every stack with a table: one for most families, the encoder's and the decoder's for BART."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in ARCHITECTURES:
@@ -211,10 +301,14 @@ def find_sites(model: nn.Module) -> Sites:
             f"posswap does not support model_type {model_type!r} ({type(model).__name__}){why}. "
             f"Supported model types: {', '.join(sorted(ARCHITECTURES))}."
         )
-    arch = ARCHITECTURES[model_type]
-    base = model.base_model
-    owner = _resolve(base, arch.embeddings)[0] if arch.embeddings else base
-    return Sites(arch=arch, model=model, base=base, owner=owner, offset=arch.offset(config))
+    family = ARCHITECTURES[model_type]
+    stacks = []
+    for path, causal in family.stacks or (("", family.causal),):
+        arch = dataclasses.replace(family, causal=causal) if causal != family.causal else family
+        base = _resolve(model.base_model, path)[0] if path else model.base_model
+        owner = _resolve(base, arch.embeddings)[0] if arch.embeddings else base
+        stacks.append(Sites(arch=arch, model=model, base=base, owner=owner, offset=arch.offset(config)))
+    return stacks
 
 
 def resized_position_buffers(sites: Sites, rows: int) -> dict[str, torch.Tensor]:
@@ -229,6 +323,12 @@ def resized_position_buffers(sites: Sites, rows: int) -> dict[str, torch.Tensor]
         else:
             new[name] = torch.zeros((1, rows), device=old.device, dtype=old.dtype)
     return new
+
+
+def resized_attention_buffers(sites: Sites, rows: int) -> list[tuple[nn.Module, dict[str, torch.Tensor]]]:
+    """New values of each self-attention's length-sized buffers (GPT-Neo's causal mask), built before any change."""
+    build = sites.arch.attention_buffers
+    return [] if build is None else [(a, build(a, sites.config, rows)) for a in sites.self_attentions()]
 
 
 def assign_buffers(module: nn.Module, buffers: dict[str, torch.Tensor]) -> None:

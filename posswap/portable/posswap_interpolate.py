@@ -52,5 +52,5 @@ def stride_blocks_problem(value, block: dict) -> str | None:
 
 def learned_map(model: nn.Module, sites: Sites, positions: torch.Tensor) -> tuple[torch.Tensor, str]:
     """The learned table's rows at ``positions``: the cosine of each pair."""
-    rows = sites.table.weight.detach()[sites.offset : sites.offset + sites.max_length].cpu()
+    rows = sites.table.weight.detach()[sites.table_offset : sites.table_offset + sites.max_length].cpu()
     return cosine_matrix(rows[positions]), "learned table: cosine of rows"

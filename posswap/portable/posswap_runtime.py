@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .posswap_architectures import Sites, find_sites
+from .posswap_architectures import Sites, find_stacks
 from .posswap_block import checked_block, describe
 from .posswap_files import install_atomic_save
 from .posswap_guard import install_length_guard
@@ -39,13 +39,19 @@ def needs_runtime_code(block: dict) -> bool:
     return method in INSTALLERS and (runtime_code is None or runtime_code(block))
 
 
-def install_positions(model: nn.Module, block: dict, sites: Sites | None = None) -> None:
+def install_positions(model: nn.Module, block: dict, stacks: list[Sites] | None = None) -> None:
     """Make ``model`` run as ``block`` says: drop the table if asked, hook the method in, guard the length, and
     make its ``save_pretrained`` atomic. The block is checked first (a hand-edited config.json is named, not a
     KeyError from an installer; once: a block checked on the way here is not checked again). Idempotent. Builds no
-    tensors, so it also works on the meta device. ``sites``: the model's, where the caller (``patch``) has them."""
+    tensors, so it also works on the meta device. ``stacks``: the model's, where the caller (``patch``) has them
+    (BART's encoder and decoder each get the method)."""
     block = model.config.posswap = checked_block(block, describe(model.config), model.config)
-    sites = sites or find_sites(model)
+    for sites in stacks or find_stacks(model):
+        _install_stack(model, block, sites)
+    install_atomic_save(model)
+
+
+def _install_stack(model: nn.Module, block: dict, sites: Sites) -> None:
     if block["method"] not in KEEPS_TABLE and block.get("absolute", "drop") == "drop":
         drop_table(sites)
     INSTALLERS[block["method"]](model, sites, block)
@@ -55,4 +61,3 @@ def install_positions(model: nn.Module, block: dict, sites: Sites | None = None)
         if not sites.arch.passes_position_ids and not sites.arch.own_attention:  # no posswap kernel to carry them to
             install_position_carrier(sites.base, sites.self_attentions())
     install_length_guard(sites.base, sites.offset)
-    install_atomic_save(model)

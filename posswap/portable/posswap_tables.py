@@ -26,9 +26,10 @@ class NoPositions(nn.Module):
         super().__init__()
         self.dim = dim
 
-    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, *args, **kwargs) -> torch.Tensor:
         # A zero that broadcasts: embeddings + 0 costs one add, never a (batch, length, dim) table read.
-        return torch.zeros((), device=position_ids.device)
+        device = next(a.device for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))
+        return torch.zeros((), device=device)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim} (learned table dropped by posswap)"
@@ -43,9 +44,12 @@ class SinusoidalPositions(nn.Module):
     the model's dtype, which the empty ``dtype_probe`` buffer follows through ``.to()`` / ``.half()`` and loading.
     """
 
-    def __init__(self, dim: int, rows: int, offset: int, theta: float, scale: float, like: torch.Tensor):
+    def __init__(
+        self, dim: int, rows: int, offset: int, theta: float, scale: float, like: torch.Tensor, inner_offset: int = 0
+    ):
         super().__init__()
         self.dim, self.rows, self.offset, self.theta, self.scale = dim, rows, offset, theta, scale
+        self.inner_offset = inner_offset  # OPT's and BART's tables add it to the ids themselves: called_rows
         self.register_buffer("dtype_probe", torch.empty(0, dtype=like.dtype, device=like.device), persistent=False)
         self._tables: dict[torch.device, torch.Tensor] = {}
 
@@ -57,8 +61,22 @@ class SinusoidalPositions(nn.Module):
             self._tables[device] = rows[positions].to(device)
         return self._tables[device]
 
-    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
-        return self.table(position_ids.device)[position_ids].to(self.dtype_probe.dtype)
+    def forward(self, *args, **kwargs) -> torch.Tensor:
+        rows = called_rows(args, kwargs, self.inner_offset)
+        return self.table(rows.device)[rows].to(self.dtype_probe.dtype)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, rows={self.rows}, offset={self.offset}, theta={self.theta}, scale={self.scale:.4g} (fixed)"
+
+
+def called_rows(args: tuple, kwargs: dict, inner_offset: int) -> torch.Tensor:
+    """The table rows a call asks for. BERT and GPT-2 call their table with the rows; OPT's and BART's tables are
+    called with their caller's arguments (a mask or ids for the shape, the cache length, ``position_ids``) and add
+    ``inner_offset`` themselves (their learned table's forward, repeated here)."""
+    if not inner_offset:
+        return args[0] if args else kwargs["position_ids"]
+    position_ids = kwargs.get("position_ids")
+    if position_ids is None:
+        shape, cache = args[0], args[1] if len(args) > 1 else kwargs.get("cache_length", 0)
+        position_ids = torch.arange(cache, cache + shape.shape[1], device=shape.device)[None]
+    return position_ids + inner_offset

@@ -48,7 +48,7 @@ def shard(model: nn.Module, accelerator: Accelerator) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     listed = os.environ.get("FSDP_TRANSFORMER_CLS_TO_WRAP")
-    names = set(listed.split(",")) if listed else {find_sites(model).arch.layer_class}
+    names = set(listed.split(",")) if listed else find_sites(model).arch.layer_classes
     blocks = [module for module in model.modules() if type(module).__name__ in names]
     if not blocks:
         raise ValueError(
