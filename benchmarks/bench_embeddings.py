@@ -16,7 +16,7 @@ Variants, each ``SentenceTransformer.encode`` over every document:
   alibi-2048-dense  the same with the dense (heads, n, n) bias forced (the path before the blocked one)
   copy-2048    posswap.patch(st, InterpolateConfig(max_length=2048, mode="copy")): the whole document at once
   exact-2048   the shipped recipe's patch (minilm-embed-2k: interpolate, stride, exact_short_inputs), torch
-  exact-2048-onnx       the same exported (posswap export --format onnx), run by onnxruntime (posswap.onnx_encoder)
+  exact-2048-onnx       the same exported (posswap export --format onnx), run by onnxruntime (posswap.onnx.encoder)
   exact-2048-onnx-int8  its int8 dynamically quantised graph
 Batches hold about 4096 tokens for every variant (2 documents of 2040, or 8 pieces of 510). Each round runs every
 variant once, the order rotating; time is the median over rounds, tokens/s counts the documents' word pieces (the same for every
@@ -67,7 +67,7 @@ def export_exact(folder: Path) -> None:
 
     import posswap
     from posswap.loading import minilm_path
-    from posswap.onnx_export import export_onnx
+    from posswap.onnx.export import export_onnx
     from posswap.training.recipe import load_recipe
 
     model = posswap.patch(SentenceTransformer(minilm_path(), device="cpu"), load_recipe("minilm-embed-2k")[0].posswap)
@@ -84,7 +84,7 @@ def load(variant: str, onnx_folder: Path | None = None):
     if variant in ONNX_VARIANTS:
         import torch
 
-        from posswap.onnx_encoder import OnnxEncoder
+        from posswap.onnx.encoder import OnnxEncoder
 
         return OnnxEncoder(onnx_folder / "onnx-out", ONNX_VARIANTS[variant], threads=torch.get_num_threads())
     model = SentenceTransformer(minilm_path(), device="cpu")

@@ -2,30 +2,26 @@
 
     python benchmarks/bench_methods.py --size reference --lengths 2048 4096 --repeats 5 --out results/speed/gpt2-reference.json
     python benchmarks/bench_methods.py --size minilm --lengths 2048 4096 --repeats 5 --out results/speed/minilm.json
-    python benchmarks/bench_methods.py --size small --variants stock alibi-sdpa alibi-flex --lengths 512 4096
+    python benchmarks/bench_methods.py --size small --variants stock alibi alibi-flex --lengths 512 4096
 
 Sizes: reference (the study's GPT-2: 6 x 256, 8 heads, 8k vocabulary), small (GPT-2-small, 12 x 768), minilm (a
 BERT the shape of all-MiniLM-L6-v2: 6 x 384, 12 heads: the encoder where the bias is symmetric); --layers to
 shorten. Random weights, batch 1, the bare transformer (GPT2Model / BertModel: no head, whose cost would hide the
 attention). Each patched variant starts from a table of length/4 positions (the study's 4x) and is patched to the
 length; stock is the same model with a learned table of the full length, i.e. what it costs at that length
-without posswap. Variants:
-  stock       the model with SDPA (GPT-2: is_causal, no mask tensor), learned table
-  copy        interpolate (copy): the same compute as stock by construction, measured to show it
-  rope        posswap RoPE (rotation in hooks on the q/k projections, table dropped); rope-yarn: YaRN factor 4
-  alibi-sdpa  posswap ALiBi through SDPA (symmetric for the encoder); on CPU the blocked paths, no (heads, n, n)
-              bias: inference portable/posswap_blocked.py, training portable/posswap_blocked_grad.py
-  alibi-dense the same with the dense (heads, n, n) bias forced (the path before the blocked one)
-  alibi-flex  posswap ALiBi, bias in flex_attention's score_mod (torch.compile'd, compile time excluded) on a
-              GPU; on CPU backend="flex" runs the sdpa path (portable/posswap_flex_route.py), so this variant
-              measures alibi-sdpa there (the committed CPU alibi-flex rows predate that route)
-  sinusoidal  posswap's fixed sin/cos table in place of the learned one (a row lookup, as stock)
-  nope        no positions at all (table dropped, nothing added)
-  t5-bias     posswap t5-bias (32 buckets shared by the layers) through SDPA, blocked on CPU as alibi-sdpa;
-              t5-bias-dense: the dense bias forced
-  tupe        posswap TUPE (sdpa): the positional correlation as extra q/k features, no n x n tensor
-  tupe-dense  the alternative TUPE did not take: the same correlation as a dense (heads, n, n) bias in SDPA's mask
-  tupe-r      TUPE-R (sdpa): features plus T5's bucketed relative bias (blocked on CPU)
+without posswap. Variants: stock, then one per method registered (``posswap.registry.registered()``, so a new
+method is measured by being registered), its config with every default at the length, then a few more of some:
+  stock         the model with SDPA (GPT-2: is_causal, no mask tensor), learned table
+  <method>      the method's default config: interpolate copies (the same compute as stock by construction,
+                measured to show it), the biases (alibi, t5-bias, tupe's features) run through SDPA, blocked on
+                CPU: inference portable/posswap_blocked.py, training portable/posswap_blocked_grad.py
+  rope-yarn     RoPE with YaRN, factor 4
+  alibi-dense, t5-bias-dense, tupe-dense   the dense (heads, n, n) bias forced (the path before the blocked one; for
+                TUPE the alternative it did not take: its correlation as a dense bias in SDPA's mask)
+  alibi-flex    ALiBi's bias in flex_attention's score_mod (torch.compile'd, compile time excluded) on a GPU; on CPU
+                backend="flex" runs the sdpa path (portable/posswap_flex_route.py), so this variant measures alibi there
+  tupe-r        TUPE-R: features plus T5's bucketed relative bias (blocked on CPU)
+Committed runs before the registry named the defaults copy, alibi-sdpa and the like (results/speed/).
 One process per (length, pass) holds every variant's model; each round calls every variant once (the order
 rotating by one each round), so a noisy neighbour slows all variants alike, and the ratios to stock are taken
 from the same rounds. Time: median of --repeats rounds after one warm-up call each, with the default allocator
@@ -53,22 +49,26 @@ import threading
 import time
 from pathlib import Path
 
-VARIANTS = (
-    "stock",
-    "copy",
-    "rope",
-    "rope-yarn",
-    "alibi-sdpa",
-    "alibi-dense",
-    "alibi-flex",
-    "sinusoidal",
-    "nope",
-    "t5-bias",
-    "t5-bias-dense",
-    "tupe",
-    "tupe-dense",
-    "tupe-r",
-)
+# The variants besides each registered method's defaults: variant -> (its method, the config's keys besides the length).
+EXTRA = {
+    "rope-yarn": ("rope", {"rope_type": "yarn", "factor": 4.0}),
+    "alibi-dense": ("alibi", {}),
+    "alibi-flex": ("alibi", {"backend": "flex"}),
+    "t5-bias-dense": ("t5-bias", {}),
+    "tupe-dense": ("tupe", {}),
+    "tupe-r": ("tupe", {"relative": True}),
+}
+
+
+def variants() -> tuple[str, ...]:
+    """stock, every registered method, then the extra variants of the methods registered."""
+    from posswap.registry import registered
+
+    methods = tuple(registered())
+    return ("stock", *methods, *(name for name, (method, _) in EXTRA.items() if method in methods))
+
+
+VARIANTS = variants()
 SIZES = {
     "reference": dict(n_layer=6, n_embd=256, n_head=8, vocab_size=8192),
     "small": dict(n_layer=12, n_embd=768, n_head=12),
@@ -108,22 +108,11 @@ class PeakRss:
 
 
 def patch_config(variant: str, length: int):
-    import posswap
+    """The config a variant patches with: its method's config class (from the registry), every default but ``keys``."""
+    from posswap.registry import registered
 
-    factories = {
-        "copy": lambda: posswap.InterpolateConfig(max_length=length, mode="copy"),
-        "rope": lambda: posswap.RopeConfig(max_length=length),
-        "rope-yarn": lambda: posswap.RopeConfig(max_length=length, rope_type="yarn", factor=4.0),
-        "alibi-sdpa": lambda: posswap.AlibiConfig(max_length=length, backend="sdpa"),
-        "alibi-flex": lambda: posswap.AlibiConfig(max_length=length, backend="flex"),
-        "sinusoidal": lambda: posswap.SinusoidalConfig(max_length=length),
-        "nope": lambda: posswap.NopeConfig(max_length=length),
-        "t5-bias": lambda: posswap.T5BiasConfig(max_length=length, backend="sdpa"),
-        "tupe": lambda: posswap.TupeConfig(max_length=length, backend="sdpa"),
-        "tupe-r": lambda: posswap.TupeConfig(max_length=length, backend="sdpa", relative=True),
-    }
-    base = {"alibi-dense": "alibi-sdpa", "t5-bias-dense": "t5-bias", "tupe-dense": "tupe"}.get(variant, variant)
-    return factories[base]()
+    method, keys = EXTRA.get(variant, (variant, {}))
+    return registered()[method].config_class(max_length=length, **keys)
 
 
 def as_dense_bias(model) -> None:

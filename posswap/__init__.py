@@ -18,12 +18,13 @@ from .version import __version__ as __version__
 # run time reads where each name lives from them (``_where``).
 if TYPE_CHECKING:
     from .config import PositionConfig, config_from_dict  # noqa: F401
+    from .embeddings.late_chunking import late_chunk_pieces, late_chunks  # noqa: F401
+    from .embeddings.text_pieces import split_text  # noqa: F401
     from .evaluation import Results, evaluate  # noqa: F401
-    from .evaluation.late_chunking import late_chunk_pieces, late_chunks  # noqa: F401
-    from .evaluation.text_pieces import split_text  # noqa: F401
     from .export import export  # noqa: F401
     from .hub import model_card, push_to_hub  # noqa: F401
     from .loading import from_pretrained  # noqa: F401
+    from .onnx.encoder import OnnxEncoder  # noqa: F401
     from .patching import patch, patched_config  # noqa: F401
     from .portable.posswap_architectures import ARCHITECTURES  # noqa: F401
     from .training import load_recipe, train  # noqa: F401

@@ -13,19 +13,20 @@ import os
 import time
 from pathlib import Path
 
-from .evaluation.context_retrieval import (
+from .embeddings.context_retrieval import (
     DEFAULT_CHUNK_TOKENS,
     ContextResults,
     check_context_inputs,
     evaluate_context,
 )
-from .evaluation.retrieval import (
+from .embeddings.retrieval import (
     DEFAULT_LENGTHS,
     RetrievalResults,
     check_retrieval_inputs,
     evaluate_retrieval,
     load_embedding_model,
 )
+from .embeddings.verdicts import context_line, demo_model, haystack_name, verdict
 from .files import check_output_dir
 from .loading import quiet_transformers
 from .patching import patch
@@ -112,15 +113,16 @@ def run_demo(
     run = {"steps": steps, "documents": documents, "task": task, "haystack": haystack}
     run |= {"context_documents": context_documents, "train_seconds": None, "load_before": _load()}
     recipe, _ = demo_recipe(max(steps, 1), out / "train")  # checks the recipe before any work
+    run["train_steps"] = recipe.train.max_steps if steps else 0  # pairs and chunk teacher: what the verdict is about
     name, models = _demo_models(recipe, steps, out / "train", overwrite, run)
-    print(f"Scoring {task} retrieval, the needle in {_haystack_name(haystack)}: {documents} documents per length.")
+    print(f"Scoring {task} retrieval, the needle in {haystack_name(haystack)}: {documents} documents per length.")
     results = evaluate_retrieval(models, task, list(DEFAULT_LENGTHS), documents, haystack=haystack, baselines=BASELINES)
     results.save(out / "results")
     context = _context(models, name, context_documents, out / "results")
     run |= {"wall_seconds": round(time.perf_counter() - start, 1), "load_after": _load(), "cpus": os.cpu_count()}
     (out / "results" / "demo.json").write_text(json.dumps(run, indent=1) + "\n")
     print(results.table())
-    print(verdict(results, name))
+    print(verdict(results, name, demo_model(run["train_steps"])))
     if context is not None:
         print(context_line(context, name))
     print(
@@ -175,87 +177,3 @@ def _context(models: dict, name: str, documents: int, folder: Path) -> ContextRe
 def _load() -> list[float] | None:
     """The 1-, 5- and 15-minute load averages: a timing on a busy machine says so."""
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
-
-
-def verdict_columns(results: RetrievalResults, name: str) -> dict[str, str]:
-    """The three ways to keep a long document, cheapest first, as their columns in ``results``: one vector of
-    ``name``, the stock model's chunks (a vector per chunk, a document scores its best), ``name``'s late chunks."""
-    chunk = results.models["stock"].limit
-    columns = {
-        f"one {name} vector": name,
-        "the stock model's chunks": f"stock chunk-max@{chunk}",
-        f"the {name} model's late chunks": f"{name} late-chunk-max@{chunk}",
-    }
-    return {label: column for label, column in columns.items() if column in results.models}
-
-
-def winners(results: RetrievalResults, name: str) -> list[str]:
-    """Per length, the way that finds the document most often: within one standard error of the best, the
-    cheapest (one vector, then the stock model's chunks, then late chunks)."""
-    columns, models = verdict_columns(results, name), results.models
-    out = []
-    for i in range(len(results.lengths)):
-        best = max(columns.values(), key=lambda c: models[c].accuracy[i])
-        floor = models[best].accuracy[i] - models[best].stderr[i]
-        out.append(next(label for label, c in columns.items() if models[c].accuracy[i] >= floor))
-    return out
-
-
-def verdict(results: RetrievalResults, name: str | None = None) -> str:
-    """The demo's verdict, computed from the figures: per length which way wins (:func:`winners`), then what to
-    do at the longest length. ``name``: the one vector's column (default: trained, else patched)."""
-    name = name or ("trained" if "trained" in results.models else "patched")
-    columns, models, lengths = verdict_columns(results, name), results.models, results.lengths
-    won = winners(results, name)
-    groups: dict[str, list[int]] = {}
-    for i, label in enumerate(won):
-        groups.setdefault(label, []).append(i)
-    parts = [
-        f"{label} at {', '.join(str(lengths[i]) for i in at)} tokens "
-        f"({', '.join(f'{models[columns[label]].accuracy[i]:.2f}' for i in at)})"
-        for label, at in groups.items()
-    ]
-    where = _haystack_name(results.settings.get("haystack", "filler"))
-    return (
-        f"Verdict ({results.task}, the needle in {where}; at each length the way with the fewest vectors within one "
-        f"standard error of the best): {'; '.join(parts)}. {_advice(results, name, won[-1])}"
-    )
-
-
-def _haystack_name(haystack: str) -> str:
-    return "synthetic filler" if haystack == "filler" else f"{haystack.capitalize()} prose"
-
-
-def _advice(results: RetrievalResults, name: str, winner: str) -> str:
-    """What to do with documents of the longest length, from the way that won there."""
-    columns, models = verdict_columns(results, name), results.models
-    length, chunk = results.lengths[-1], models["stock"].limit
-    at = {label: models[column].accuracy[-1] for label, column in columns.items()}
-    others = ", ".join(f"{label} {value:.2f}" for label, value in at.items() if label != winner)
-    if winner.startswith("one "):
-        return f"At {length} tokens one {name} vector per document is enough: it finds {at[winner]:.2f}, {others}."
-    return f"At {length} tokens keep {winner}, a vector per {chunk}-token chunk: they find {at[winner]:.2f}, {others}."
-
-
-def context_line(context: ContextResults, name: str) -> str:
-    """One line from the context task, from its figures: among the chunks that answer a question (one per document
-    of that kind), do ``name``'s late chunks find the subject's above chance, and more often than the stock model's
-    chunks, beyond one standard error?"""
-    late, alone = context.rows[f"{name} late chunks"], context.rows["stock chunks"]
-    chance = context.settings["chance"]["fact_accuracy"][0]
-    found, error = late.fact_accuracy[0], late.fact_stderr[0]
-    gap, both = found - alone.fact_accuracy[0], (error**2 + alone.fact_stderr[0] ** 2) ** 0.5
-    if found - error <= chance:
-        finding = f"the {name} model's late chunks do not find it above chance (minilm-late-2k is the recipe that trains for it)"
-    elif gap > both:
-        finding = f"the {name} model's late chunks find it above chance and more often than the stock model's chunks"
-    else:
-        finding = (
-            f"the {name} model's late chunks find it above chance, within a standard error of the stock model's chunks"
-        )
-    return (
-        f"A fact whose chunk does not name its subject ({len(late.fact_hits[0])} questions in {context.documents} "
-        f"documents of {context.lengths[0]} tokens, chunks of {context.chunk_tokens}): {finding}. Among the chunks "
-        f"that answer its question, the subject's found {found:.2f} ± {error:.2f} by late chunks, "
-        f"{alone.fact_accuracy[0]:.2f} ± {alone.fact_stderr[0]:.2f} by the stock model's chunks (chance {chance:.2f})."
-    )

@@ -11,6 +11,7 @@ The machinery is in ``portable/posswap_files.py``, which saved models carry for 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -172,3 +173,22 @@ def _normal_permissions(folder: Path) -> None:
         if not path.is_symlink():
             executable = path.is_dir() or path.stat().st_mode & 0o111
             path.chmod((0o777 if executable else 0o666) & ~umask)
+
+
+# A path of the machine that ran a command (a scratch folder, a home or a clone's own place), as results JSON records it.
+MACHINE_PATH = re.compile(r"(?<![\w./-])/(?:tmp|work|home|root|scratch|mnt)/[^\s`'\";,)]*")
+CLONE = Path(__file__).resolve().parents[1]
+
+
+def shown_command(command: str) -> str:
+    """``command`` as the docs show it, without the paths of the machine that ran it: one inside this clone relative
+    to it, any other as ``out/NAME`` (a scratch output folder or file: the same run wherever it is made)."""
+
+    def shown(match: re.Match) -> str:
+        path = Path(match.group(0))
+        try:
+            return path.relative_to(CLONE).as_posix() or "."
+        except ValueError:
+            return f"out/{path.name}"
+
+    return MACHINE_PATH.sub(shown, command)

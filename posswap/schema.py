@@ -5,14 +5,12 @@
 - ``posswap_methods.py``: one import of each run-time module that registers an installer (``@installer`` in
   ``portable/posswap_<name>.py``, found by reading the files), so a new method's run time is in by being there.
 
-``tests/test_registry.py`` fails when either is stale; the command line's facts are written with them::
-
-    python -m posswap.cli.generate --write
+Library functions only: ``python -m posswap.cli.generate --write`` writes both files with every other generated file
+(the one generator); ``tests/test_registry.py`` fails when either is stale.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
 from pathlib import Path
 
@@ -82,19 +80,3 @@ def render_methods(folder: Path = SCHEMA_FILE.parent) -> str:
         "\n\nEVERY_INSTALLER = INSTALLERS  # filled by the imports above: import this to have every method registered\n"
     )
     return METHODS_HEADER + "\n".join(sorted(lines)) + tail
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m posswap.schema", description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="write both files (default: print them)")
-    args = parser.parse_args(argv)
-    for path, text in ((SCHEMA_FILE, render()), (METHODS_FILE, render_methods())):
-        if args.write:
-            path.write_text(text, encoding="utf-8")
-        else:
-            print(text, end="")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

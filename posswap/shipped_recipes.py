@@ -4,6 +4,7 @@ shipped recipe by its name (the file's name without ``.yaml``) wherever posswap 
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,7 +85,9 @@ def recipe_file(name_or_path: str | Path) -> Path:
         raise ValueError(
             f"No recipe file {str(name_or_path)!r} here; the shipped recipe of that name is {stem!r}: posswap train {stem}."
         )
+    near = difflib.get_close_matches(stem or path.name, list(shipped), n=1)
     raise ValueError(
-        f"No recipe file {str(name_or_path)!r} and no shipped recipe of that name; give a YAML file, or the name of "
-        f"a shipped recipe: {names} (posswap train --list)."
+        f"No recipe file {str(name_or_path)!r} and no shipped recipe of that name"
+        + (f" (did you mean {near[0]}?)" if near else "")
+        + f"; give a YAML file, or the name of a shipped recipe: {names} (posswap train --list)."
     )

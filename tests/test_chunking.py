@@ -14,9 +14,9 @@ import transformers
 
 import posswap
 from posswap import cli
-from posswap.evaluation.chunking import split_into_chunks
-from posswap.evaluation.retrieval import build_tasks, evaluate_retrieval, retrieval_hits
-from posswap.evaluation.retrieval_tasks import FIRST_NAMES, SURNAMES
+from posswap.embeddings.chunking import split_into_chunks
+from posswap.embeddings.retrieval import build_tasks, evaluate_retrieval, retrieval_hits
+from posswap.embeddings.retrieval_tasks import FIRST_NAMES, SURNAMES
 
 st = pytest.importorskip("sentence_transformers")
 NAMES = sorted(set(FIRST_NAMES) | set(SURNAMES))

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from posswap import cli
-from posswap.evaluation.context_retrieval import _ndcg, _tie_share, evaluate_context
-from posswap.evaluation.context_task import build_context_task
+from posswap.embeddings.context_retrieval import _ndcg, _tie_share, evaluate_context
+from posswap.embeddings.context_task import build_context_task
 
 st = pytest.importorskip("sentence_transformers")
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "context"

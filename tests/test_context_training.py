@@ -16,8 +16,8 @@ from test_embedding_training import recipe, text_file, tiny_st  # noqa: F401  (f
 
 import posswap
 from posswap.cli import main
-from posswap.evaluation.context_task import EVALUATION, KINDS
-from posswap.training.embedding_context import TRAINING, ContextChunkLoss, context_rows
+from posswap.embeddings.context_task import EVALUATION, KINDS
+from posswap.embeddings.training.context import TRAINING, ContextChunkLoss, context_rows
 
 st = pytest.importorskip("sentence_transformers")
 
@@ -88,8 +88,8 @@ def test_the_trainer_batches_the_context_groups_whole_and_nothing_else():
     import datasets
     from sentence_transformers.base.sampler import NoDuplicatesBatchSampler
 
-    from posswap.training.embedding_batches import ContextBatchSampler, context_batch_sampler
-    from posswap.training.embedding_context import GROUPED
+    from posswap.embeddings.training.batches import ContextBatchSampler, context_batch_sampler
+    from posswap.embeddings.training.context import GROUPED
 
     grouped = datasets.Dataset.from_dict(
         {"query": [str(i) for i in range(12)]}, info=datasets.DatasetInfo(description=GROUPED)

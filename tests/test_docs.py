@@ -172,33 +172,31 @@ def test_the_site_keeps_each_word_of_inline_code_on_one_line():
     assert ".md-typeset .posswap-word {\n  white-space: nowrap;" in css
 
 
-def test_embedding_tables_in_readme_and_docs_match_their_json():
-    """The long-embedding tables (README, docs/embeddings.md) are the ones tools/readme_embeddings.py writes from
-    results/embeddings and results/speed: a number typed by hand, or a JSON changed without --write, fails."""
-    import importlib.util
+def test_the_generated_pages_are_what_the_generator_writes():
+    """The method tables (README, docs/methods/index.md: the registry and each method's page) and the results' tables
+    and verdicts (README, docs/embeddings.md, docs/onnx.md, docs/late-chunking.md: results/) are what
+    ``python -m posswap.cli.generate --write`` writes: a number typed by hand, a method added without its row, or a
+    JSON changed without the generator, fails."""
+    from posswap.cli import pages
 
-    path = ROOT / "tools" / "readme_embeddings.py"
-    spec = importlib.util.spec_from_file_location("readme_embeddings", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    files = [str(ROOT / "README.md"), str(ROOT / "docs" / "embeddings.md"), str(ROOT / "docs" / "onnx.md")]
+    written = pages.pages()
+    assert {path.relative_to(ROOT).as_posix() for path, _ in written} == {*pages.METHOD_TABLES, *pages.RESULT_PAGES}
     for name in ("passkey", "speed"):
         assert f"<!-- posswap:embeddings-{name} -->" in (ROOT / "docs" / "embeddings.md").read_text()
-    assert tool.main(["--check", *files]) == 0
+    for path in (ROOT / "README.md", ROOT / "docs" / "late-chunking.md"):
+        assert "-front -->\n|" in path.read_text() or "<!-- posswap:context-summary -->\n|" in path.read_text(), path
+    stale = [str(path.relative_to(ROOT)) for path, render in written if render() != path.read_text()]
+    assert not stale, f"stale generated blocks in {', '.join(stale)}: run python -m posswap.cli.generate --write"
 
 
-def test_context_tables_in_readme_and_docs_match_their_json():
-    """The late-chunking tables (README, docs/late-chunking.md) are the ones tools/readme_context.py writes from
-    results/context."""
-    import importlib.util
+def test_every_registered_method_has_its_row_in_both_method_tables():
+    from posswap.cli import pages
 
-    spec = importlib.util.spec_from_file_location("readme_context", ROOT / "tools" / "readme_context.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    files = [ROOT / "README.md", ROOT / "docs" / "late-chunking.md"]
-    for path in files:
-        assert "<!-- posswap:context-summary -->\n|" in path.read_text(), path  # a block, and a table in it
-    assert tool.main(["--check", *map(str, files)]) == 0
+    rows = pages.method_rows()
+    assert [row["name"] for row in rows if "-" in (row["what"], row["table"], row["pick"])] == []
+    for name in pages.METHOD_TABLES:
+        text = (ROOT / name).read_text()
+        assert all(f"[`{row['name']}`](" in text for row in rows), name
 
 
 def test_no_readme_table_is_wider_than_nine_columns():
@@ -236,3 +234,34 @@ def test_the_cli_page_is_the_parsers():
     refused = {"--rope-typ"}  # the page's example of an abbreviation the parser refuses
     unknown = sorted(set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", page)) - flags - refused)
     assert not unknown, f"docs/cli.md names flags no parser takes: {', '.join(unknown)}"
+
+
+MACHINE_PATH = re.compile(r"(?<![\w./-])/(?:tmp|work|home|root|scratch|mnt)/\S*")
+
+
+def test_no_page_shows_a_path_of_the_machine_that_made_it():
+    """Issue 62: the commands the results JSON records ran in scratch folders (``/tmp/w29c/run-seed0``); the pages
+    show them relative to the clone or as ``out/NAME`` (posswap.files.shown_command), and nothing typed names one."""
+    from posswap.files import shown_command
+
+    pages = [README, *sorted(DOCS.rglob("*.md"))]
+    found = [f"{page.relative_to(ROOT)}: {hit}" for page in pages for hit in MACHINE_PATH.findall(page.read_text())]
+    assert not found, "machine paths in the docs:\n" + "\n".join(found[:10])
+    command = "posswap train x --set train.output_dir=/tmp/w29c/run-seed0 --out /root/out/gpu.json"
+    assert shown_command(command) == "posswap train x --set train.output_dir=out/run-seed0 --out out/gpu.json"
+    assert shown_command(f"posswap eval {ROOT / 'out' / 'm'} recipes/a/tmp/b") == "posswap eval out/m recipes/a/tmp/b"
+
+
+def test_the_cli_synopsis_is_a_line_a_command_that_wraps_between_words():
+    """Issue 62: argparse's usage, wrapped at a terminal's width, was wrapped again by a phone (ragged). The page
+    holds a line a command; each word is kept whole (no break at a flag's hyphens), a long list of choices breaks
+    after its commas."""
+    hooks = load_hooks()
+    usage = hooks.cli_usage()
+    lines = usage.splitlines()[1:-1]
+    commands = [name for name in hooks.command_parsers() if name]
+    assert usage.startswith("```{.text .posswap-usage}") and [line.split()[1] for line in lines] == commands
+    html = f'<div class="posswap-usage highlight"><pre><span></span><code>{lines[0]}</code></pre></div>'
+    shown = hooks.usage_words(html)
+    assert '<span class="posswap-word">[--max-length</span>' in shown
+    assert ',<wbr><span class="posswap-word">t5-bias</span>' in shown and re.sub(r"<[^>]+>", "", shown) == lines[0]

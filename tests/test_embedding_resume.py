@@ -24,9 +24,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import posswap.training.embedding as embedding_training
+import posswap.embeddings.training.trainer as embedding_training
 from posswap.cli import main
-from posswap.training.embedding_recipe import EmbeddingSpec
+from posswap.embeddings.training.recipe import EmbeddingSpec
 from posswap.training.recipe import DataSpec, TrainSpec
 
 pytest.importorskip("sentence_transformers")

@@ -20,8 +20,8 @@ from test_sentence_transformers import tiny_sentence_transformer
 import posswap
 from posswap.cli import main
 from posswap.data import GPT2_TOKENIZER_DIR, read_document
+from posswap.embeddings.training.data import document_pairs, tokenized_sources
 from posswap.portable.posswap_functional import resample_positions, resample_table
-from posswap.training.embedding_data import document_pairs, tokenized_sources
 from posswap.training.recipe import recipe_from_dict
 
 st = pytest.importorskip("sentence_transformers")
@@ -181,7 +181,7 @@ def test_embedding_recipe_runs_end_to_end(tiny_st, text_file, tmp_path, capsys, 
 def test_gradient_checkpointing_trains_the_same_weights_without_a_warning(tiny_st, text_file, tmp_path, monkeypatch):
     """train.gradient_checkpointing on an embedding recipe: enabled on the transformer itself (the Trainer's route
     warns three times under transformers 5.24), and the same weights as the run without it."""
-    from posswap.training import embedding
+    from posswap.embeddings.training import trainer as embedding
 
     enabled = []
     original = embedding.enable_checkpointing
@@ -279,15 +279,10 @@ def scored(limit: int, accuracy: list[float]) -> dict:
 
 
 def readme_tool():
-    """tools/readme_embeddings.py, loaded as a module (tools/ is not a package)."""
-    import importlib.util
+    """The report that writes the README's and docs' long-embedding tables (posswap.embeddings.report_tables)."""
+    from posswap.embeddings import report_tables
 
-    spec = importlib.util.spec_from_file_location(
-        "readme_embeddings", Path(__file__).parents[1] / "tools" / "readme_embeddings.py"
-    )
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
+    return report_tables
 
 
 def test_readme_table_comes_from_the_json(tmp_path, capsys):
@@ -374,16 +369,19 @@ def test_the_chunking_verdict_prefers_fewer_vectors_within_one_standard_error(tm
     ]
     # 256: late chunks lead (0.90) by more than their standard error (0.03); 2048: the stock model's chunks.
     assert lines[-1].endswith(
-        "256: late chunks (long late-chunk-max@256, 0.90); 2048: chunks (minilm chunk-max@256, 0.77)."
+        "256: late chunks 0.90 (long late-chunk-max@256); 2048: chunks 0.77 (minilm chunk-max@256)."
     )
     results_file(tmp_path / "b2" / "baselines" / "passkey", baselines, prints)
     long["long late-chunk-max@256"] = scored(2048, [0.8, 0.5])  # within 0.78's standard error: one vector
     results_file(tmp_path / "b2" / "late-chunks" / "passkey", long, prints)
-    assert "256: one vector (long, 0.78)" in tool.chunking_block(tmp_path / "b2", "passkey")[-1]
+    assert (
+        "256: one vector 0.78 (long; best late chunks 0.80 ± 0.04)"
+        in tool.chunking_block(tmp_path / "b2", "passkey")[-1]
+    )
 
 
 def test_the_teachers_rows_are_the_unpatched_models_embeddings(tiny_st, text_file):
-    from posswap.training.embedding_teacher import TeacherLoss, teacher_rows
+    from posswap.embeddings.training.teacher import TeacherLoss, teacher_rows
 
     model = st.SentenceTransformer(str(tiny_st), device="cpu")
     rows = teacher_rows(model, str(text_file), 5, 8, seed=0, text_column="text")
@@ -419,8 +417,8 @@ def test_an_embedding_recipe_with_a_teacher_trains_on_both(tiny_st, text_file, t
 
 
 def test_the_chunk_teachers_rows_are_the_unpatched_models_pieces(tiny_st, text_file):
-    from posswap.evaluation.chunking import split_into_chunks
-    from posswap.training.embedding_chunks import LateChunkLoss, chunk_teacher_rows
+    from posswap.embeddings.chunking import split_into_chunks
+    from posswap.embeddings.training.chunks import LateChunkLoss, chunk_teacher_rows
 
     model = st.SentenceTransformer(str(tiny_st), device="cpu")  # reads 64 tokens
     rows = chunk_teacher_rows(model, str(text_file), 3, 256, seed=0, text_column="text")

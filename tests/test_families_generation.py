@@ -6,7 +6,10 @@ extended to 4096 by copy, reloaded without posswap, generating the stock model's
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
+import threading
 
 import pytest
 import torch
@@ -183,3 +186,37 @@ def test_bart_extended_by_copy_generates_the_stock_tokens_after_reloading_withou
     assert result["tokens"] == expected.tolist()
     with pytest.raises(ValueError, match="reads at most 4096 tokens"):
         model(input_ids=token_ids(4097, batch=1), decoder_input_ids=ids[:, :4])
+
+
+@pytest.mark.parametrize("method,model_type", [("rope", "opt"), ("alibi", "bart"), ("sinusoidal", "gpt_neo")])
+def test_a_patched_model_deepcopies_pickles_and_serves_threads(method, model_type):
+    """A drop-in model: a deepcopy and a pickled copy give the same outputs, and four threads at once each get what
+    their input gives alone (each call's state is its own, on every stack)."""
+    model = patched(method, model_type)
+    inputs = [token_ids(OLD_LENGTH + 8 * i, seed=i) for i in range(4)]
+    with torch.no_grad():
+        alone = [model(input_ids=ids).logits for ids in inputs]
+        for other in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+            torch.testing.assert_close(other(input_ids=inputs[0]).logits, alone[0], atol=0, rtol=0)
+    together = [None] * len(inputs)
+
+    def run(i):
+        with torch.no_grad():
+            together[i] = model(input_ids=inputs[i]).logits
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(inputs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for got, expected in zip(together, alone, strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_an_encoder_decoder_has_no_onnx_graph_and_says_so():
+    pytest.importorskip("onnx")
+    from posswap.onnx.graph import onnx_refusal
+
+    model = patched("interpolate", "bart")
+    assert "bart is an encoder-decoder" in onnx_refusal(model) and "\n" not in onnx_refusal(model)
+    assert onnx_refusal(patched("interpolate", "opt")) is None  # a resized table: native, as GPT-2's

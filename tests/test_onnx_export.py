@@ -21,8 +21,8 @@ pytest.importorskip("onnxruntime", reason="the onnx extra: pip install 'posswap[
 pytest.importorskip("onnxscript", reason="the onnx extra: pip install 'posswap[onnx]'")
 st_module = pytest.importorskip("sentence_transformers")
 
-from posswap.onnx_encoder import OnnxEncoder  # noqa: E402
-from posswap.onnx_export import export_onnx  # noqa: E402
+from posswap.onnx.encoder import OnnxEncoder  # noqa: E402
+from posswap.onnx.export import export_onnx  # noqa: E402
 
 WORDS = read_document("persuasion").split()
 TEXTS = {n: " ".join(WORDS[1000 : 1000 + n]) for n in (60, 400, 700, 1400)}  # 700: past 512 tokens, within 2048
@@ -104,7 +104,7 @@ def test_the_int8_graph_stays_close(exported):
 
 def test_a_sentence_transformer_on_the_graph_gives_the_torch_late_chunks(exported):
     """What the int8 retrieval figures are measured with: the model's tokenizer and pooling around the graph."""
-    from posswap.onnx_backed import with_onnx_graph
+    from posswap.onnx.backed import with_onnx_graph
 
     torch_model = posswap.from_pretrained(str(exported["patched"]), device="cpu")
     on_graph = with_onnx_graph(
@@ -120,7 +120,7 @@ def test_a_sentence_transformer_on_the_graph_gives_the_torch_late_chunks(exporte
 
 
 def test_a_missing_graph_is_refused(exported, tmp_path):
-    from posswap.onnx_backed import with_onnx_graph
+    from posswap.onnx.backed import with_onnx_graph
 
     with pytest.raises(ValueError, match="graph: no file"):
         with_onnx_graph(posswap.from_pretrained(str(exported["patched"]), device="cpu"), tmp_path / "none.onnx")

@@ -194,7 +194,7 @@ def test_the_lancedb_example_says_what_to_do_in_one_line(example, tmp_path, caps
 def test_every_retrieval_task_refuses_a_length_far_past_the_model_before_building_documents(
     tmp_path, capsys, monkeypatch, minilm_path
 ):
-    from posswap.evaluation import context_retrieval, retrieval
+    from posswap.embeddings import context_retrieval, retrieval
 
     def no_documents(*args, **kwargs):
         raise AssertionError("documents were built")
@@ -216,7 +216,7 @@ def test_the_library_refuses_the_same_length_as_the_command_line_for_every_task(
     """API and CLI refuse the same things: evaluate_retrieval and evaluate_context, before any document is built."""
     from sentence_transformers import SentenceTransformer
 
-    from posswap.evaluation import context_retrieval, retrieval
+    from posswap.embeddings import context_retrieval, retrieval
 
     def no_documents(*args, **kwargs):
         raise AssertionError("documents were built")

@@ -86,7 +86,7 @@ def exports(tmp_path_factory, minilm_path):
     pytest.importorskip("sentence_transformers")
     pytest.importorskip("onnxruntime", reason="the onnx extra: pip install 'posswap[onnx]'")
     pytest.importorskip("onnxscript", reason="the onnx extra: pip install 'posswap[onnx]'")
-    from posswap.onnx_export import export_onnx
+    from posswap.onnx.export import export_onnx
 
     done = {}
 
@@ -139,7 +139,7 @@ def set_max_seq_length(folder, length: int) -> None:
 def test_onnx_encoder_refuses_a_text_longer_than_the_model_reads(exported, tmp_path):
     import shutil
 
-    from posswap.onnx_encoder import OnnxEncoder
+    from posswap.onnx.encoder import OnnxEncoder
 
     folder = shutil.copytree(exported["onnx"], tmp_path / "edited")
     set_max_seq_length(folder, 1000)
@@ -154,7 +154,7 @@ def test_onnx_encoder_refuses_a_text_longer_than_the_model_reads(exported, tmp_p
 
 
 def test_onnx_encoder_on_a_torch_folder_says_to_export_it(exported):
-    from posswap.onnx_encoder import OnnxEncoder
+    from posswap.onnx.encoder import OnnxEncoder
 
     folder = exported["torch"]
     with pytest.raises(ValueError) as refused:
@@ -166,7 +166,7 @@ def test_onnx_encoder_on_a_torch_folder_says_to_export_it(exported):
 
 
 def test_onnx_encoder_names_a_text_that_is_not_a_string(exported):
-    from posswap.onnx_encoder import OnnxEncoder
+    from posswap.onnx.encoder import OnnxEncoder
 
     encoder = OnnxEncoder(exported["onnx"], threads=1)
     for texts, message in (

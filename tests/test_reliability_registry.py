@@ -18,7 +18,8 @@ from test_new_method import NAME, RUNTIME, assert_forgotten, register
 
 import posswap
 from posswap import cli
-from posswap.evaluation import evaluate_retrieval, retrieval
+from posswap.embeddings import retrieval
+from posswap.embeddings.retrieval import evaluate_retrieval
 from posswap.portable import posswap_registry
 from posswap.portable.posswap_rules import check as check_rule
 from posswap.registry import METHODS, register_method, unregister_method

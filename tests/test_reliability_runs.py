@@ -242,7 +242,7 @@ def test_a_shipped_run_names_its_file_and_the_local_one_first(tmp_path, monkeypa
     """The embedding recipe by name (made small), with a local minilm-embed-2k.yaml: the run's first line of its own
     on stderr says which file runs and how to run the local one (stopped right after, as its log starts)."""
     pytest.importorskip("sentence_transformers")
-    import posswap.training.embedding as embedding
+    import posswap.embeddings.training.trainer as embedding
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "minilm-embed-2k.yaml").write_text("model: mine\n")
@@ -417,7 +417,7 @@ def minilm_batch(minilm_path):
 def test_python_runs_at_every_module_of_an_embedding_runs_backward(minilm_batch):
     """Where Python runs, a pending SIGINT is raised: inside interruptible_backward, the autograd engine calls Python
     at each module of the backward (counted with a profiler: frames called from the engine itself); before, never."""
-    from posswap.training.embedding import interruptible_backward
+    from posswap.embeddings.training.trainer import interruptible_backward
 
     model, features = minilm_batch
     features = {k: v[:1, :64] for k, v in features.items()}
@@ -466,7 +466,7 @@ def sigint_raises():
 def test_ctrl_c_in_a_long_backward_stops_at_the_next_module(minilm_batch, sigint_raises):
     """SIGINT a moment into the backward of a batch that takes a second or so: the backward stops there (the
     embeddings, reached last, get no gradient) instead of running to its end first."""
-    from posswap.training.embedding import interruptible_backward
+    from posswap.embeddings.training.trainer import interruptible_backward
 
     model, features = minilm_batch
 

@@ -14,9 +14,8 @@ from transformers import AutoTokenizer
 
 from posswap import cli
 from posswap.data import GPT2_TOKENIZER_DIR
-from posswap.evaluation import evaluate_retrieval
-from posswap.evaluation.retrieval import RetrievalResults, build_tasks, retrieval_hits
-from posswap.evaluation.retrieval_tasks import FACTS, FIRST_NAMES, SURNAMES
+from posswap.embeddings.retrieval import RetrievalResults, build_tasks, evaluate_retrieval, retrieval_hits
+from posswap.embeddings.retrieval_tasks import FACTS, FIRST_NAMES, SURNAMES
 
 LENGTHS = (128, 256)
 DOCUMENTS = 10

@@ -14,9 +14,9 @@ import argparse
 import itertools
 from pathlib import Path
 
-from posswap.evaluation.retrieval import load_embedding_model
+from posswap.embeddings.retrieval import load_embedding_model
+from posswap.embeddings.training.trainer import mean_weights
 from posswap.sentence_models import save
-from posswap.training.embedding import mean_weights
 
 
 def main(argv: list[str] | None = None) -> None:

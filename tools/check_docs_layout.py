@@ -8,8 +8,10 @@ and ``chromium --dump-dom`` prints what the probe measured. A problem is: someth
 of it with no scroll bar to reach it (clipped by an ``overflow: hidden`` box, or spilling over the sidebar or past
 the screen), a page that scrolls sideways, inline code of one word (an option name, a path) broken across two
 lines, a table cell squeezed too narrow to read, code under a code block's copy button, or a table wider than the
-column (on a desktop at all; on a phone by more than 1.8x: split or transpose it). Code blocks and tables a little
-wider than a phone's column are fine when they scroll: their count is printed. Needs
+column (on a desktop at all; on a phone by more than 1.8x: split or transpose it), a table that scrolls sideways
+without showing the reader it does (the "scroll" hint and the fade at its edge: docs/javascripts/tables.js and
+docs/stylesheets/extra.css), or something floating over the text (a "Back to top" button over a table's header).
+Code blocks and tables a little wider than a phone's column are fine when they scroll: their count is printed. Needs
 Chromium (Debian: ``apt-get install chromium``) and a few minutes; ``.ci/run`` runs it where Chromium is installed.
 """
 
@@ -80,6 +82,8 @@ def problems(report: dict) -> list[str]:
     lines += [f"one word broken across lines: {word}" for word in report["broken_words"]]
     lines += [f"a column too narrow to read: {cell}" for cell in report["narrow_cells"]]
     lines += [f"code under the copy button: {code}" for code in report["code_under_button"]]
+    lines += [f"a table cut off with no sign that it scrolls: {table}" for table in report["unmarked_scrolling_tables"]]
+    lines += [f"floats over the text: {what}" for what in report["floating"]]
     limit = WIDE_TABLE[report["width"] > PHONE]
     lines += [
         f"a table {t['ratio']}x the column's width (at most {limit}x: split or transpose it): {t['table']}"

@@ -30,11 +30,11 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from posswap.evaluation.context_retrieval import DISTANCE_BUCKETS, distance_bucket
-from posswap.evaluation.context_task import EVALUATION, build_context_task, max_context_documents
-from posswap.evaluation.late_chunking import late_chunks
+from posswap.embeddings.context_retrieval import DISTANCE_BUCKETS, distance_bucket
+from posswap.embeddings.context_task import EVALUATION, build_context_task, max_context_documents
+from posswap.embeddings.late_chunking import late_chunks
+from posswap.embeddings.training.context import TRAINING
 from posswap.loading import load_sentence_transformer
-from posswap.training.embedding_context import TRAINING
 
 TASK_SEED, CHUNK_TOKENS = 5, 128  # the README's figures use task seed 0: these documents are others
 

@@ -1,8 +1,9 @@
 // Measures one page of the built site after it has laid out (tools/check_docs_layout.py adds it to a copy of the
 // page): what sticks out of the article without a scroll bar to reach it, whether the page scrolls sideways, and
 // which inline code that is one word (an option name, a path) is broken across lines, which tables are wider
-// than the column, which table cells are too narrow to read, and which code lies under its copy button. The findings go into the DOM
-// as JSON, which `chromium --dump-dom` prints.
+// than the column, which table cells are too narrow to read, which code lies under its copy button, which tables
+// scroll sideways with no sign that they do, and what floats over the text. The findings go into the DOM as JSON,
+// which `chromium --dump-dom` prints.
 window.addEventListener("load", () =>
   setTimeout(() => {
     const article = document.querySelector("article") || document.body;
@@ -47,6 +48,20 @@ window.addEventListener("load", () =>
       const ratio = table.scrollWidth / Math.min(edge - article.getBoundingClientRect().left, window.innerWidth);
       if (ratio > 1.01) wide.push({ table: name(table.querySelector("tr") || table), ratio: +ratio.toFixed(2) });
     }
+    // A table that scrolls sideways must show that it does (docs/javascripts/tables.js and extra.css): a hint
+    // that says "scroll" above it and a fade at its box's right edge. A cut-off table without them reads as whole.
+    const unmarked = [];
+    for (const table of article.querySelectorAll("table")) {
+      const box = table.closest(".md-typeset__scrollwrap") || table.parentElement;
+      if (box.scrollWidth <= box.clientWidth + 1) continue;
+      const hint = getComputedStyle(box, "::before");
+      const shown = hint.display !== "none" && /scroll/i.test(hint.content);
+      const style = getComputedStyle(box);
+      const fade = /gradient/.test(style.maskImage || style.webkitMaskImage || "");
+      if (!shown || !fade) unmarked.push(name(table.querySelector("tr") || table) + (shown ? " (no fade)" : " (no hint)"));
+    }
+    // Something that floats over the text wherever the reader is (the theme's "Back to top" covered table headers).
+    const floating = [...document.querySelectorAll(".md-top")].map(name);
     const narrow = [];
     for (const cell of article.querySelectorAll("td")) {
       const box = cell.getBoundingClientRect();
@@ -89,6 +104,8 @@ window.addEventListener("load", () =>
       wide_tables: wide.slice(0, 10),
       narrow_cells: [...new Set(narrow)].slice(0, 10),
       code_under_button: [...new Set(covered)].slice(0, 10),
+      unmarked_scrolling_tables: unmarked.slice(0, 10),
+      floating: floating,
     });
     document.body.appendChild(report);
   }, 500),

@@ -8,7 +8,7 @@ task's wall seconds, the threads, and the machine's load average when it ended (
 ``--tasks context`` evaluates one task; its time goes to ``OUT/eval_time-context.json``. ``--seed 7`` builds the
 tasks' documents from another seed (the default is each task's own, 0): the figures of a seed nothing was chosen on.
 ``--onnx GRAPH`` scores an export of MODEL (``posswap export MODEL --format onnx [--int8]``) instead: the same tasks
-in this process, MODEL's tokenizer and pooling around the graph (:func:`posswap.onnx_backed.with_onnx_graph`).
+in this process, MODEL's tokenizer and pooling around the graph (:func:`posswap.onnx.backed.with_onnx_graph`).
 """
 
 from __future__ import annotations
@@ -80,9 +80,9 @@ def run_commands(args) -> dict[str, int]:
 
 def run_in_process(args) -> dict[str, int]:
     """The tasks with ``posswap eval``'s settings, the model's transformer replaced by the graph ``args.onnx``."""
-    from posswap.evaluation.context_retrieval import evaluate_context
-    from posswap.evaluation.retrieval import evaluate_retrieval, load_embedding_model
-    from posswap.onnx_backed import with_onnx_graph
+    from posswap.embeddings.context_retrieval import evaluate_context
+    from posswap.embeddings.retrieval import evaluate_retrieval, load_embedding_model
+    from posswap.onnx.backed import with_onnx_graph
 
     graph = with_onnx_graph(load_embedding_model(args.model, "cpu"), args.onnx)
     models = {args.stock.removeprefix("posswap:"): load_embedding_model(args.stock, "cpu"), args.onnx.stem: graph}

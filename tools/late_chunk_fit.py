@@ -19,8 +19,8 @@ import torch
 
 import posswap
 from posswap.data import read_document
-from posswap.evaluation.retrieval import load_embedding_model
-from posswap.training.embedding_chunks import LateChunkLoss, chunk_teacher_rows
+from posswap.embeddings.retrieval import load_embedding_model
+from posswap.embeddings.training.chunks import LateChunkLoss, chunk_teacher_rows
 from posswap.training.recipe import load_recipe
 
 RECIPE = "recipes/minilm-embed-2k.yaml"

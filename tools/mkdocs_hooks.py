@@ -43,7 +43,7 @@ WORD = re.compile(r"\S+")
 KEPT_WORD = 30  # characters: longer words may have to break on a phone
 CODE_SPAN = re.compile(r"(`+)(.+?)\1")
 MARKER = re.compile(
-    r"^<!-- posswap:(options|cli|usage|include|families)(?: ([\w.-]+))? -->$", re.MULTILINE
+    r"^<!-- posswap:(options|cli|usage|include|families|results)(?: ([\w./-]+))? -->$", re.MULTILINE
 )  # alone on a line
 METHOD_CONFIGS = "<!-- posswap:method-configs -->"
 METHODS_SECTION = "Methods"  # the nav section the method pages are added to
@@ -108,11 +108,12 @@ def cli_help(command: str | None) -> str:
 
 
 def cli_usage(_: str | None = None) -> str:
-    """Every command's usage line, as its ``--help`` starts: the page's synopsis, never typed by hand."""
+    """Every command's usage, as its ``--help`` starts: the page's synopsis, never typed by hand. One line a command,
+    not argparse's lines wrapped at a terminal's width (a phone wraps them again, ragged): the browser wraps each
+    line to the column, its continuation lines indented (``.posswap-usage`` in extra.css)."""
     usages = [formatted(parser.format_usage) for name, parser in command_parsers().items() if name]
-    indent = " " * len("usage: ")  # argparse aligns the lines that follow under the command: moved with it
-    lines = [line.removeprefix("usage: ").removeprefix(indent) for usage in usages for line in usage.split("\n")]
-    return "```text\n" + "\n".join(lines) + "\n```"
+    lines = [" ".join(usage.removeprefix("usage: ").split()) for usage in usages]
+    return "```{.text .posswap-usage}\n" + "\n".join(lines) + "\n```"
 
 
 # The files of the repository root that are pages of the site too (the page holds only their include marker).
@@ -175,6 +176,20 @@ def on_config(config):
     return config
 
 
+def results_table(folder: str) -> str:
+    """The table of a committed evaluation folder of the repository (``retrieval.json`` or ``context.json``), as
+    ``posswap eval`` printed it when it wrote the folder."""
+    from posswap.embeddings.context_retrieval import ContextResults
+    from posswap.embeddings.retrieval import RetrievalResults
+
+    path = ROOT / folder
+    if (path / "context.json").exists():
+        return ContextResults.load(path).table()
+    if (path / "retrieval.json").exists():
+        return RetrievalResults.load(path).table()
+    raise ValueError(f"posswap:results {folder}: no retrieval.json or context.json there.")
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
     if METHOD_CONFIGS in markdown:  # before the options markers it writes are filled
         markdown = markdown.replace(METHOD_CONFIGS, method_configs())
@@ -187,6 +202,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
             "usage": cli_usage,
             "include": include,
             "families": families,
+            "results": results_table,
         }
         return fills[kind](name)
 
@@ -205,6 +221,24 @@ def unbroken_words(html: str) -> str:
         return f"<code>{kept}</code>"
 
     return INLINE_CODE.sub(words, html)
+
+
+USAGE = re.compile(r'(<div class="posswap-usage[^"]*"><pre><span></span><code>)(.*?)(</code>)', re.DOTALL)
+
+
+def usage_words(html: str) -> str:
+    """The synopsis (``.posswap-usage``) wraps between its words, not inside a flag at its hyphens
+    (``[--max-`` / ``length MAX_LENGTH]``): each word is kept whole; a list of choices longer than a phone's line
+    may break after its commas."""
+
+    def words(match: re.Match) -> str:
+        def keep(word: re.Match) -> str:
+            pieces = word.group(0).split(",") if len(html_unescape(word.group(0))) > KEPT_WORD else [word.group(0)]
+            return ",<wbr>".join(f'<span class="posswap-word">{piece}</span>' for piece in pieces)
+
+        return match.group(1) + WORD.sub(keep, match.group(2)) + match.group(3)
+
+    return USAGE.sub(words, html)
 
 
 TABLE = re.compile(r"<table>.*?</table>", re.DOTALL)
@@ -250,7 +284,7 @@ def _labelled(row: str, labels: list[str]) -> str:
 
 
 def on_page_content(html: str, page, config, files) -> str:
-    return stacked_tables(unbroken_words(SPHINX_ROLE.sub("", html)))
+    return stacked_tables(usage_words(unbroken_words(SPHINX_ROLE.sub("", html))))
 
 
 def on_files(files, config):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 import posswap
-from posswap.evaluation.retrieval import evaluate_retrieval
+from posswap.embeddings.retrieval import evaluate_retrieval
 from posswap.portable.posswap_architectures import find_sites
 from posswap.portable.posswap_placement import install_short_input_positions
 

@@ -1,4 +1,4 @@
-"""Write the ``training.json`` of an embedding recipe's run (what ``tools/readme_embeddings.py`` reports beside its
+"""Write the ``training.json`` of an embedding recipe's run (what ``posswap/embeddings/report_tables.py`` reports beside its
 retrieval results) from the run folder and the ``/usr/bin/time -v`` log of the command (or bash's ``time``, with
 ``--command``):
 

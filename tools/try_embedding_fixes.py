@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 
 import posswap
-from posswap.evaluation.retrieval import evaluate_retrieval, load_embedding_model
+from posswap.embeddings.retrieval import evaluate_retrieval, load_embedding_model
 from posswap.training.recipe import load_recipe
 
 RECIPE = "recipes/minilm-embed-2k.yaml"

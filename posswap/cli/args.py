@@ -2,6 +2,8 @@
 
 - Errors are one line, like every other posswap error (the usage is in ``--help``); an argument no parser takes
   is refused by the command it was given to, naming the flag it is near (``--sett``: did you mean --set?).
+- A value not among a flag's or the command's choices says which it is near (``posswap trian``: did you mean
+  train?).
 - No abbreviations: ``--rope-typ`` is an unknown flag, not ``--rope-type`` (argparse's default guesses).
 - List flags take values separated by spaces and may be repeated (``--lengths 256 512 --lengths 1024``).
 - A flag that was renamed says what replaced it.
@@ -30,6 +32,19 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def _check_value(self, action, value):
+        """argparse's check of a value against ``choices`` (a command's name, ``--method``), whose refusal says
+        which choice a misspelt value is near: ``posswap trian`` -> did you mean train? (Python 3.14's
+        ``suggest_on_error``, which 3.11 lacks)."""
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as error:
+            choices = [str(choice) for choice in action.choices or ()]
+            near = difflib.get_close_matches(str(value), choices, n=1)
+            if not near or "did you mean" in error.message:
+                raise
+            raise argparse.ArgumentError(action, f"{error.message}; did you mean {near[0]}?") from None
 
     def parse_args(self, args=None, namespace=None):
         """argparse's, except that arguments nothing took are refused by the command they were given to (argparse

@@ -136,7 +136,7 @@ def export_command(args: argparse.Namespace) -> None:
 def export_onnx_command(args: argparse.Namespace, source: str) -> None:
     if args.format != "onnx":
         raise ValueError("--int8 quantises an ONNX graph: add --format onnx.")
-    from ..onnx_export import export_onnx  # imports no onnx: export_onnx names the extra when it is missing
+    from ..onnx.export import export_onnx  # imports no onnx: export_onnx names the extra when it is missing
 
     result = export_onnx(source, args.out, int8=args.int8, overwrite=args.overwrite)
     print(
@@ -157,13 +157,14 @@ def train_command(args: argparse.Namespace) -> None:
         return list_recipes(args)
     if args.recipe is None:
         raise ValueError("give a RECIPE (a YAML file, or the name of a shipped recipe), or --list to see those.")
-    from ..training import load_recipe, train
-
     if args.force and not args.resume:
         raise ValueError("--force only applies with --resume (it resumes checkpoints made with another recipe).")
     import warnings
 
-    from ..shipped_recipes import LocalRecipePassedOver
+    from ..shipped_recipes import LocalRecipePassedOver, recipe_file
+
+    recipe_file(args.recipe)  # an unknown name is refused here, before training's imports load torch (seconds)
+    from ..training import load_recipe, train
 
     with warnings.catch_warnings():  # the run's first line says which file it read, and which it did not
         warnings.simplefilter("ignore", LocalRecipePassedOver)

@@ -9,6 +9,9 @@
   (``tests/test_registry.py``).
 - the README's families line (``<!-- posswap:families -->``), from the architecture table, in a clone
   (``tests/test_families.py``).
+- in a clone, the method tables of the README and docs/methods/index.md (from the registry and each method's page)
+  and the results' tables and verdicts of the README and the docs (from ``results/``): see ``posswap.cli.pages``
+  (``tests/test_docs.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 
 from .. import schema
 from ..portable.posswap_rules import literal
+from . import pages
 
 FACTS_FILE = Path(__file__).with_name("facts.py")
 README = Path(__file__).resolve().parents[2] / "README.md"  # in a clone; an installed package has none
@@ -95,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         (schema.SCHEMA_FILE, schema.render),
         (FACTS_FILE, render),
         *([(README, render_readme)] if README.exists() else []),
+        *pages.pages(),  # the method tables and the results' tables of the README and the docs (cli/pages.py)
     ):
         text = render_file()
         if write:

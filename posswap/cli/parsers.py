@@ -285,7 +285,7 @@ def add_export(commands) -> None:
             "transformers architecture that computes the same logits (GPT-2 as GPT-NeoX, the BERT family as "
             "RoFormer), compared before anything is written. --format onnx: a stock model, or one whose patch has a "
             "graph form (interpolate, sinusoidal), as an ONNX graph that onnxruntime runs and "
-            "posswap.onnx_encoder.OnnxEncoder serves (a sentence-transformers model in its own ONNX layout); --int8 "
+            "posswap.OnnxEncoder serves (a sentence-transformers model in its own ONNX layout); --int8 "
             "adds a quantised copy. MODEL's files are checked "
             "before any work.",
             "posswap export out/gpt2-rope-4k --out out/gpt2-rope-4k-neox",
@@ -311,7 +311,7 @@ def add_export(commands) -> None:
         "--format",
         choices=("native", "onnx"),
         default="native",
-        help="native: a transformers architecture (RoPE); onnx: an ONNX graph for onnxruntime (posswap.onnx_export).",
+        help="native: a transformers architecture (RoPE); onnx: an ONNX graph for onnxruntime (posswap.onnx.export).",
     )
     x.add_argument("--int8", action="store_true", help="With --format onnx: also an int8 dynamically quantised graph.")
     x.add_argument(

@@ -1,18 +1,18 @@
 """``posswap eval --task passkey-retrieval|needle-retrieval|context-retrieval``: the long-document retrieval
 tasks for sentence-transformers models, run from the command line (the library functions are in
-``posswap.evaluation.retrieval`` and ``posswap.evaluation.context_retrieval``)."""
+``posswap.embeddings.retrieval`` and ``posswap.embeddings.context_retrieval``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..evaluation.context_retrieval import (
+from ..embeddings.context_retrieval import (
     DEFAULT_CHUNK_TOKENS,
     DEFAULT_CONTEXT_LENGTHS,
     check_context_inputs,
     evaluate_context,
 )
-from ..evaluation.retrieval import (
+from ..embeddings.retrieval import (
     CLI_TASKS,
     DEFAULT_LENGTHS,
     check_baseline_names,

@@ -15,7 +15,7 @@ def learned_table(model: nn.Module) -> torch.Tensor | None:
     sites = find_sites(model)
     if sites.table is None:
         return None
-    return sites.table.weight.detach()[sites.offset : sites.offset + sites.max_length].cpu()
+    return sites.table.weight.detach()[sites.table_offset : sites.table_offset + sites.max_length].cpu()
 
 
 def adjacent_similarity(table: torch.Tensor, length: int) -> float | None:

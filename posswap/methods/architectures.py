@@ -54,11 +54,12 @@ def families_table() -> str:
     rows.append("|---|---|---|---|---|---|")
     for name, arch in sorted(ARCHITECTURES.items()):
         offset = "`pad_token_id + 1`" if arch.offset is padding_offset else "0"
+        offset = f"{arch.inner_offset}, added by the table itself" if arch.inner_offset else offset
+        kind = "encoder-decoder" if arch.encoder_decoder else "decoder" if arch.causal else "encoder"
         native = {"roformer": "RoFormer", "gpt_neox": "GPT-NeoX"}.get(arch.native_export, "refused: no exact native")
         native = "- (no `rope`)" if arch.own_attention else native
         rows.append(
-            f"| `{name}` | `{arch.class_prefix}*` | {'decoder' if arch.causal else 'encoder'} | {offset} | {native} "
-            f"| {'; '.join(_notes(arch)) or '-'} |"
+            f"| `{name}` | `{arch.class_prefix}*` | {kind} | {offset} | {native} | {'; '.join(_notes(arch)) or '-'} |"
         )
     refused = "".join(f"\n- `{name}`: {why}." for name, why in NOT_YET.items())
     refused = f" Refused in one line, for now:\n{refused}" if refused else ""

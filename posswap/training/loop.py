@@ -117,8 +117,10 @@ def train(
     if recipe.embedding is not None:  # sentence-transformers' trainer: not installed is one line naming the extra
         check_embedding_extras(recipe)
     with hold_run_dir(Path(recipe.train.output_dir)):  # one run per folder, from the first check to the last write
-        if recipe.embedding is not None:  # a sentence-transformers model, with its own trainer: training/embedding.py
-            from .embedding import train_embedding
+        if (
+            recipe.embedding is not None
+        ):  # a sentence-transformers model, its own trainer: embeddings/training/trainer.py
+            from ..embeddings.training.trainer import train_embedding
 
             return train_embedding(recipe, raw, resume, callbacks, overwrite, force)
         return _train(recipe, raw, resume, callbacks, overwrite, force)

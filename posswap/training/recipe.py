@@ -26,10 +26,10 @@ from ..config import (
     shown,
     whole_numbers,
 )
+from ..embeddings.training.recipe import EmbeddingSpec, check_embedding_recipe
 from ..evaluation.harness import check_settings
 from ..shipped_recipes import LocalRecipePassedOver, find_recipe
 from .distill import DistillSpec
-from .embedding_recipe import EmbeddingSpec, check_embedding_recipe
 
 TRAINABLE = ("full", "positions", "lora", "head")
 MIXED_PRECISION = ("no", "bf16", "fp16")

@@ -1,0 +1,48 @@
+"""results/context/history keeps at most ten runs (posswap.embeddings.history): an older one leaves its row in
+results/context/history-summary.json, and the placement table of docs/late-chunking.md shows it from there."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from posswap.embeddings import history
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fake_run(folder: Path, late: float, diff: bool = True) -> Path:
+    """A run folder with the context task's late chunks at two lengths (and a changes.diff)."""
+    (folder / "context").mkdir(parents=True)
+    rows = {"stock chunks": {"accuracy": [0.0, 0.0]}, "model late chunks": {"accuracy": [late, late / 2]}}
+    (folder / "context" / "context.json").write_text(json.dumps({"lengths": [512, 1024], "rows": rows}))
+    if diff:
+        (folder / "changes.diff").write_text("--- a/x.py\n+++ b/posswap/x.py\n@@\n")
+    return folder
+
+
+def test_the_committed_history_holds_at_most_ten_runs():
+    folder = ROOT / "results" / "context" / "history"
+    assert len([p for p in folder.iterdir() if p.is_dir()]) <= history.CAP
+    assert json.loads((folder / history.INDEX).read_text())["order"]  # the order a prune goes by
+
+
+def test_adding_past_the_cap_summarises_the_oldest_then_removes_it(tmp_path):
+    folder = tmp_path / "history"
+    for i in range(3):
+        history.add(fake_run(tmp_path / f"run{i}", 0.5 + i / 10), folder, cap=2)
+    assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == ["run1", "run2"]
+    assert json.loads((folder / history.INDEX).read_text())["order"] == ["run1", "run2"]
+    rows = json.loads((tmp_path / history.SUMMARY).read_text())["rows"]
+    assert [(r["run"], r["context"], r["changes"]) for r in rows] == [("run0", [0.5, 0.25], ["posswap/x.py"])]
+    history.add(fake_run(tmp_path / "run3", 0.9, diff=False), folder, cap=2)  # the summary grows, it is not rewritten
+    assert [r["run"] for r in json.loads((tmp_path / history.SUMMARY).read_text())["rows"]] == ["run0", "run1"]
+
+
+def test_prune_goes_by_the_index_then_by_name(tmp_path):
+    folder = tmp_path / "history"
+    for name in ("b", "a", "c"):
+        fake_run(folder / name, 0.4)
+    (folder / history.INDEX).write_text(json.dumps({"order": ["c"]}))
+    assert history.prune(folder, cap=1) == ["c", "a"]
+    assert [p.name for p in folder.iterdir() if p.is_dir()] == ["b"]
