@@ -61,15 +61,16 @@ def test_a_block_edited_after_its_check_is_checked_again(rule_runs):
 
 
 def test_patch_finds_the_sites_once(monkeypatch, rule_runs):
-    calls, original = [], posswap_architectures.find_sites
+    # find_stacks resolves a model's sites (find_sites is its first stack and calls it): counted wherever it is.
+    calls, original = [], posswap_architectures.find_stacks
 
     def counted(model):
         calls.append(type(model).__name__)
         return original(model)
 
     for module in [m for name, m in sys.modules.items() if name.startswith("posswap") and m is not None]:
-        if getattr(module, "find_sites", None) is original:
-            monkeypatch.setattr(module, "find_sites", counted)
+        if getattr(module, "find_stacks", None) is original:
+            monkeypatch.setattr(module, "find_stacks", counted)
     model = make_model("gpt2", "GPT2LMHeadModel")
     posswap.patch(model, posswap.AlibiConfig(max_length=64))
     assert calls == ["GPT2LMHeadModel"] and rule_runs == ["alibi"]

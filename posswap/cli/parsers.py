@@ -48,14 +48,18 @@ def add_patch(commands) -> None:
         help="Patch a checkpoint and save it (with its tokenizer) to a folder.",
         epilog=_method_help(),
         **described(
-            "Load MODEL (a BERT-family or GPT-2 checkpoint, or a sentence-transformers model), give it --method's "
+            "Load MODEL (a checkpoint of a family in docs/families.md, or a sentence-transformers model), give it --method's "
             "position handling at --max-length tokens, and save it with its tokenizer to --out, a folder that "
             "posswap.from_pretrained loads, and transformers with trust_remote_code=True. The flags, --out and the "
             "model's own length are checked before anything loads.",
             "posswap patch gpt2 --method rope --max-length 4096 --out gpt2-rope-4k",
         ),
     )
-    p.add_argument("model", metavar="MODEL", help="Hub id or local folder of a BERT-family or GPT-2 checkpoint.")
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        help="Hub id or local folder of a checkpoint with a learned position table (docs/families.md).",
+    )
     p.add_argument("--method", required=True, choices=sorted(METHOD_OPTIONS), help="Position method to apply.")
     p.add_argument("--out", required=True, help="New folder to write the patched model and tokenizer to.")
     p.add_argument(
