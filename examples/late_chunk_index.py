@@ -27,12 +27,16 @@ stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import textwrap
 from pathlib import Path
 
 import posswap
 from posswap.extras import MissingExtra, require
+
+# LanceDB logs "No existing dataset ... it will be created" as a warning when the index is new: expected, not news.
+os.environ.setdefault("LANCEDB_LOG", "error")
 
 TABLE = "chunks"
 SCORE = "cosine similarity to the question: 1 is the same direction, higher is nearer"

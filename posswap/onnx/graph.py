@@ -5,8 +5,8 @@ What can be put in a graph today: a patch that only changed weights (a resized `
 ``sinusoidal`` one) and ``interpolate`` with ``exact_short_inputs``, whose rule (a row of at most
 ``original_length`` real tokens reads position k * i) is computed from the attention mask in the graph with
 ``torch.where`` (``portable/posswap_placement.short_input_position_ids``, the function the torch model runs).
-The methods that change attention (RoPE, ALiBi, T5 bias, TUPE, NoPE) are refused: their attention functions
-check their inputs in Python, which ``torch.export`` cannot trace.
+The methods that change attention (ALiBi, T5 bias, TUPE, RoPE, NoPE) run their graph forms (``methods.py``): the
+bias and the rotation computed in the graph from each call's positions, added to the mask of the standard attention.
 """
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ from ..portable.posswap_architectures import find_sites
 from ..portable.posswap_placement import short_input_position_ids
 from ..portable.posswap_runtime import needs_runtime_code
 from .attention import use_multi_head_attention
+from .methods import adds_bias, graph_refusal, install_graph_form
 
 OPSET = 23  # attention as one standard Attention node, which attention.py hands to onnxruntime's kernel
-IN_GRAPH = ("interpolate",)  # methods whose run-time code has a graph form here (see module docstring)
+# methods whose run-time code has a graph form here (see module docstring)
+IN_GRAPH = ("interpolate", "nope", "alibi", "t5-bias", "rope", "tupe")
 
 
 def onnx_refusal(model: nn.Module) -> str | None:
@@ -41,8 +43,11 @@ def onnx_refusal(model: nn.Module) -> str | None:
     if not isinstance(block, dict):
         return None  # a stock model
     method = block.get("method")
-    if not needs_runtime_code(block) or method in IN_GRAPH:
+    if not needs_runtime_code(block):
         return None
+    if method in IN_GRAPH:
+        reason = graph_refusal(block)
+        return None if reason is None else f"method {method!r}: {reason}"
     return (
         f"method {method!r} runs posswap's attention code at call time, which has no ONNX form yet "
         f"(exportable: {', '.join(IN_GRAPH)}, and methods that only change weights)"
@@ -58,7 +63,9 @@ def native_model(model: nn.Module) -> nn.Module:
     config = transformers.CONFIG_MAPPING[native_type](**fields)
     cls = getattr(transformers, type(model).__name__.removeprefix("Posswap"))
     config.architectures = [cls.__name__]
-    native = cls(config).to(next(model.parameters()).dtype).eval()
+    native = cls(config)
+    install_graph_form(model, native)  # the method's table, providers and attention, before the weights load
+    native = native.to(next(model.parameters()).dtype).eval()
     missing, unexpected = native.load_state_dict(model.state_dict(), strict=False)
     missing = [k for k in missing if k not in set(getattr(native, "_tied_weights_keys", None) or {})]
     if missing or unexpected:
@@ -136,6 +143,7 @@ def write_graph(model: nn.Module, native: nn.Module, tokenizer, path: Path) -> l
             verbose=False,
         )
     program.save(str(path))
-    if not sites.arch.causal:  # a decoder's causal Attention node stays as the exporter wrote it
+    # A decoder's causal Attention node stays as the exporter wrote it, and so does one whose mask carries a bias.
+    if not sites.arch.causal and not adds_bias(native):
         use_multi_head_attention(path, model.config.num_attention_heads)
     return names
