@@ -1,7 +1,8 @@
 """``posswap export --format onnx``: the shipped embedding recipe's patch (interpolate, stride, exact_short_inputs)
 on the real MiniLM, exported and run with onnxruntime alone, gives the torch model's embeddings at 60, 400 and 1,400
 words and the stock model's for a text within 512 tokens (the rule is in the graph); the int8 graph stays close; a
-plain transformers folder exports too; methods with no graph form are refused with nothing written."""
+plain transformers folder exports too; what has no graph form (RoPE's dynamic scaling) is refused with nothing
+written. The methods that change attention: tests/test_onnx_methods.py."""
 
 from __future__ import annotations
 
@@ -150,12 +151,9 @@ def test_a_transformers_folder_exports_in_optimums_layout(bases, tmp_path, per_l
 
 @pytest.mark.parametrize(
     "options,message",
-    [
-        (["--method", "alibi", "--max-length", "64"], "method 'alibi' runs posswap's attention code"),
-        (["--method", "rope", "--max-length", "64"], "method 'rope' runs posswap's attention code"),
-    ],
+    [(["--method", "rope", "--max-length", "64", "--rope-type", "dynamic"], "method 'rope': RoPE's dynamic scaling")],
 )
-def test_methods_without_a_graph_form_are_refused(bases, tmp_path, capsys, options, message):
+def test_what_has_no_graph_form_is_refused(bases, tmp_path, capsys, options, message):
     source = tmp_path / "patched"
     assert main(["patch", str(bases / "bert"), *options, "--out", str(source)]) == 0
     capsys.readouterr()

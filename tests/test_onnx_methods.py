@@ -25,7 +25,7 @@ from posswap.onnx.encoder import OnnxEncoder  # noqa: E402
 from posswap.onnx.export import export_onnx  # noqa: E402
 
 LENGTH = 320  # the patched models' max_length: the long inputs are that long
-METHODS = ["nope", "alibi", "t5-bias", "rope", "tupe"]
+METHODS = ["sinusoidal", "nope", "alibi", "t5-bias", "rope", "tupe"]
 
 
 def cosines(a, b) -> np.ndarray:
@@ -67,7 +67,9 @@ def test_a_gpt2_exports_with_the_torch_logits(bases, tmp_path, method):
     import onnxruntime
 
     source = tmp_path / "patched"
-    assert main(["patch", str(bases / "gpt2"), "--method", method, "--max-length", str(LENGTH), "--out", str(source)]) == 0
+    assert (
+        main(["patch", str(bases / "gpt2"), "--method", method, "--max-length", str(LENGTH), "--out", str(source)]) == 0
+    )
     assert main(["export", str(source), "--format", "onnx", "--out", str(tmp_path / "out")]) == 0
     model = posswap.from_pretrained(str(source)).eval()
     session = onnxruntime.InferenceSession(str(tmp_path / "out" / "model.onnx"), providers=["CPUExecutionProvider"])
@@ -79,13 +81,3 @@ def test_a_gpt2_exports_with_the_torch_logits(bases, tmp_path, method):
         got = session.run(None, {name: tensor.numpy() for name, tensor in feed.items()})[0]
         torch.testing.assert_close(torch.from_numpy(got), expected, atol=1e-4, rtol=1e-4)
     assert not sequence_squared(onnx.load(str(tmp_path / "out" / "model.onnx")).graph)
-
-
-def test_dynamic_rope_is_refused_in_one_line(bases, tmp_path, capsys):
-    source = tmp_path / "patched"
-    options = ["--method", "rope", "--max-length", "64", "--rope-type", "dynamic"]
-    assert main(["patch", str(bases / "bert"), *options, "--out", str(source)]) == 0
-    capsys.readouterr()
-    assert main(["export", str(source), "--format", "onnx", "--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "method 'rope': RoPE's dynamic scaling" in err and not (tmp_path / "out").exists()

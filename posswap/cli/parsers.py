@@ -287,8 +287,8 @@ def add_export(commands) -> None:
         **described(
             "Write MODEL in a form that runs without posswap. --format native (default): a RoPE model as the "
             "transformers architecture that computes the same logits (GPT-2 as GPT-NeoX, the BERT family as "
-            "RoFormer), compared before anything is written. --format onnx: a stock model, or one whose patch has a "
-            "graph form (interpolate, sinusoidal), as an ONNX graph that onnxruntime runs and "
+            "RoFormer), compared before anything is written. --format onnx: a stock or patched model (every method; "
+            "RoPE's dynamic scaling excepted), as an ONNX graph that onnxruntime runs and "
             "posswap.OnnxEncoder serves (a sentence-transformers model in its own ONNX layout); --int8 "
             "adds a quantised copy. MODEL's files are checked "
             "before any work.",

@@ -29,7 +29,7 @@ from .methods import adds_bias, graph_refusal, install_graph_form
 
 OPSET = 23  # attention as one standard Attention node, which attention.py hands to onnxruntime's kernel
 # methods whose run-time code has a graph form here (see module docstring)
-IN_GRAPH = ("interpolate", "nope", "alibi", "t5-bias", "rope", "tupe")
+IN_GRAPH = ("interpolate", "sinusoidal", "nope", "alibi", "t5-bias", "rope", "tupe")
 
 
 def onnx_refusal(model: nn.Module) -> str | None:

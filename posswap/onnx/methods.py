@@ -1,4 +1,5 @@
-"""Graph forms of the methods that change attention (``alibi``, ``t5-bias``, ``tupe``, ``rope``, ``nope``): what
+"""Graph forms of the methods that change attention (``alibi``, ``t5-bias``, ``tupe``, ``rope``, ``nope``) and of
+``sinusoidal``'s fixed table: what
 the exported model runs in place of posswap's attention code, written with plain tensor ops that ``torch.export``
 traces.
 
@@ -34,17 +35,21 @@ from ..portable.posswap_functional import apply_rotary
 from ..portable.posswap_registry import KEEPS_TABLE
 from ..portable.posswap_runtime import drop_table
 from ..portable.posswap_t5 import T5Buckets, t5_buckets
+from ..portable.posswap_tables import SinusoidalPositions
 from ..portable.posswap_tupe import TupeBias
 
 GRAPH_ATTENTION = "posswap_onnx"  # the attention implementation of an exported graph
-ROTARY = "posswap_graph_rotary"  # attribute of a self-attention module: the model's Rotary (rope)
+ROTARY = "posswap_graph_rotary"  # attribute of a self-attention module: a copy of the model's Rotary (rope)
 BUCKETS = "posswap_graph_buckets"  # attribute of a T5Buckets copy: the bucket of each distance -d .. d
 
 
 def graph_refusal(block: dict) -> str | None:
     """Why a patch with a graph form here cannot be written as one (None: it can)."""
     if block.get("method") == "rope" and block.get("rope_type") == "dynamic":
-        return "RoPE's dynamic scaling sets its frequencies from each call's longest position, which the graph does not compute"
+        return (
+            "RoPE's dynamic scaling sets its frequencies from each call's longest position, which the graph does not "
+            "compute"
+        )
     return None
 
 
@@ -62,13 +67,16 @@ def install_graph_form(model: nn.Module, native: nn.Module) -> None:
     for sites, target in zip(find_stacks(model), find_stacks(native), strict=True):
         if block["method"] not in KEEPS_TABLE and block.get("absolute", "drop") == "drop":
             drop_table(target)
+        _copy_fixed_table(sites, target)
         attentions, copies = sites.self_attentions(), target.self_attentions()
-        rotary = getattr(sites.base, "posswap_rotary", None)
+        rotary = copy.deepcopy(getattr(sites.base, "posswap_rotary", None))  # its caches filled here, not in export
+        if rotary is not None:
+            rotary.frequencies(torch.device("cpu"))
         providers = getattr(sites.base, "posswap_bias_providers", None)
         if providers is not None:
             target.base.posswap_bias_providers = copy.deepcopy(providers)  # loaded with the weights, by name
             for provider in target.base.posswap_bias_providers:
-                _set_buckets(provider)
+                _prepare(provider)
         for attention, twin in zip(attentions, copies, strict=True):
             if rotary is not None:
                 object.__setattr__(twin, ROTARY, rotary)
@@ -80,9 +88,21 @@ def install_graph_form(model: nn.Module, native: nn.Module) -> None:
         native.set_attn_implementation(GRAPH_ATTENTION)
 
 
-def _set_buckets(provider: nn.Module) -> None:
-    """T5's bucket of each distance -max_distance .. max_distance, computed now by the torch model's function (the
-    graph's own log could round a boundary distance into the next bucket)."""
+def _copy_fixed_table(sites, target) -> None:
+    """A table the method put in the learned one's place (``sinusoidal``'s fixed rows), copied with its rows made."""
+    table = getattr(sites.owner, sites.arch.table)
+    if isinstance(table, SinusoidalPositions):
+        table = copy.deepcopy(table)
+        table.table(torch.device("cpu"))
+        setattr(target.owner, target.arch.table, table)
+
+
+def _prepare(provider: nn.Module) -> None:
+    """What a provider computes on first use, computed now (a tensor cached during export would be the tracer's):
+    ALiBi's slopes, and T5's bucket of each distance -max_distance .. max_distance, by the torch model's function
+    (the graph's own log could round a boundary distance into the next bucket)."""
+    if hasattr(provider, "slopes"):
+        provider.slopes(torch.device("cpu"))
     buckets = provider.relative if isinstance(provider, TupeBias) else provider
     if isinstance(buckets, T5Buckets):
         distances = torch.arange(-buckets.max_distance, buckets.max_distance + 1)
