@@ -1,5 +1,5 @@
 """Rename a model's column in an evaluation folder ``posswap eval`` wrote (``retrieval.json``: its ``models``;
-``context.json``: its ``rows``), in place: ``posswap eval`` names a column after the model's folder, and a run's
+``context.json``: its ``rows``; a retrieval plot is drawn again), in place: ``posswap eval`` names a column after the model's folder, and a run's
 ``train.output_dir/model`` is ``model``. Only the names change; every number is the evaluation's own.
 
     python tools/rename_model_column.py results/mpnet/trained-1k/context model mpnet-late-1k
@@ -25,6 +25,10 @@ def rename(folder: Path, old: str, new: str) -> Path:
     data[key] = {(new + name[len(old) :] if name == old or name.startswith(old + " ") else name): value
                  for name, value in data[key].items()}  # fmt: skip
     path.write_text(json.dumps(data, indent=2) + "\n")
+    if key == "models":  # its plot's legend names the columns too: drawn again from the renamed JSON
+        from posswap.embeddings.retrieval import RetrievalResults, plot_retrieval
+
+        plot_retrieval(RetrievalResults.load(folder), folder / "retrieval.png")
     return path
 
 
