@@ -1,6 +1,6 @@
 """``posswap export --format onnx`` for the methods that change attention (issue 64): a tiny BERT
 sentence-transformers model and a tiny GPT-2 patched with each exports, the graph gives the torch model's
-embeddings (``OnnxEncoder``) or logits (onnxruntime) for a short input, an input at the model's length and a padded
+embeddings (``OnnxEncoder``) or logits (onnxruntime) for a short input, an input at the model's length (1024 tokens) and a padded
 batch, and the graph stores nothing the size of the sequence squared: the bias is computed from positions."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from test_sentence_transformers import document, tiny_sentence_transformer  # no
 from posswap.onnx.encoder import OnnxEncoder  # noqa: E402
 from posswap.onnx.export import export_onnx  # noqa: E402
 
-LENGTH = 320  # the patched models' max_length: the long inputs are that long
+LENGTH = 1024  # the patched models' max_length: the long inputs are that long (1000+ tokens, as the issue asks)
 METHODS = ["sinusoidal", "nope", "alibi", "t5-bias", "rope", "tupe"]
 
 
