@@ -1,7 +1,8 @@
 """``posswap export --format onnx`` for the methods that change attention (issue 64): a tiny BERT
 sentence-transformers model and a tiny GPT-2 patched with each exports, the graph gives the torch model's
-embeddings (``OnnxEncoder``) or logits (onnxruntime) for a short input, an input at the model's length (1024 tokens) and a padded
-batch, and the graph stores nothing the size of the sequence squared: the bias is computed from positions."""
+embeddings (``OnnxEncoder``) or logits (onnxruntime) for a short input, an input at the model's length (1024
+tokens) and a padded batch, and the graph stores nothing the size of the sequence squared: the bias is computed
+from positions."""
 
 from __future__ import annotations
 
