@@ -82,3 +82,17 @@ def test_a_gpt2_exports_with_the_torch_logits(bases, tmp_path, method):
         got = session.run(None, {name: tensor.numpy() for name, tensor in feed.items()})[0]
         torch.testing.assert_close(torch.from_numpy(got), expected, atol=1e-4, rtol=1e-4)
     assert not sequence_squared(onnx.load(str(tmp_path / "out" / "model.onnx")).graph)
+
+
+@pytest.mark.parametrize("method", ["alibi", "t5-bias", "rope"])
+def test_an_int8_copy_of_a_method_graph_stays_close_and_serves(minilm_path, tmp_path, method):
+    """--int8 on a graph that computes its bias or rotation: the quantised copy is written beside the float graph,
+    its token outputs stay close to the float graph's at every probe length, and OnnxEncoder serves it."""
+    model = posswap.patch(tiny_sentence_transformer(tmp_path / "base", minilm_path), FACTORIES[method](LENGTH))
+    model.save(str(tmp_path / "patched"))
+    result = export_onnx(tmp_path / "patched", tmp_path / "out", int8=True)
+    assert "onnx/model_qint8.onnx" in result.graphs and result.int8_cosine
+    assert min(result.int8_cosine.values()) >= 0.98, result.int8_cosine
+    texts = [document(model.tokenizer, 12), document(model.tokenizer, LENGTH + 40)]
+    encoder = OnnxEncoder(tmp_path / "out", file_name="onnx/model_qint8.onnx", threads=1)
+    assert cosines(encoder.encode(texts, batch_size=1), model.encode(texts, batch_size=1)).min() >= 0.98
