@@ -273,7 +273,7 @@ def test_onnx_encoder_knows_every_padding_offset():
 
 def test_a_family_outside_the_table_is_refused_in_one_line():
     """BioGPT has a learned table too (offset 2, like OPT's) but no entry: refused naming it and the supported
-    types, the model untouched (a reason from NOT_YET where one is recorded)."""
+    types, the model untouched."""
     model = transformers.BioGptForCausalLM(
         transformers.BioGptConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37)
     )  # fmt: skip
@@ -281,7 +281,6 @@ def test_a_family_outside_the_table_is_refused_in_one_line():
     with pytest.raises(ValueError, match="does not support model_type 'biogpt'") as error:
         posswap.patch(model, posswap.RopeConfig(max_length=NEW_LENGTH))
     assert "\n" not in str(error.value) and ", ".join(sorted(ARCHITECTURES)) in str(error.value)
-    assert NOT_YET.get("biogpt", "") in str(error.value)
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
 
 

@@ -143,12 +143,14 @@ def test_copy_extension_equals_the_stock_model_built_at_the_new_length(model_typ
 def test_lora_adapts_the_listed_projections(model_type):
     model = patched("rope", model_type)
     targets = list(ARCHITECTURES[model_type].lora_targets)
+    ids = token_ids(NEW_LENGTH)
+    with torch.no_grad():
+        before = model(input_ids=ids).logits  # get_peft_model wraps the model's own modules: read them first
     lora = get_peft_model(model, LoraConfig(r=2, target_modules=targets, lora_dropout=0.0))
     adapted = {name.rsplit(".", 1)[-1] for name, _ in lora.named_modules() if name.endswith(tuple(targets))}
     assert adapted == set(targets)
-    ids = token_ids(NEW_LENGTH)
     with torch.no_grad():
-        torch.testing.assert_close(lora(input_ids=ids).logits, model(input_ids=ids).logits)  # B = 0: unchanged
+        torch.testing.assert_close(lora(input_ids=ids).logits, before)  # B = 0: unchanged
 
 
 GENERATE = """

@@ -29,6 +29,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from ..methods.backends import installs_attention
 from ..portable.posswap_architectures import find_stacks
 from ..portable.posswap_attention import bias_positions, merge_mask, with_features
 from ..portable.posswap_functional import apply_rotary
@@ -37,6 +38,7 @@ from ..portable.posswap_runtime import drop_table
 from ..portable.posswap_t5 import T5Buckets, t5_buckets
 from ..portable.posswap_tables import SinusoidalPositions
 from ..portable.posswap_tupe import TupeBias
+from ..registry import get_method
 
 GRAPH_ATTENTION = "posswap_onnx"  # the attention implementation of an exported graph
 ROTARY = "posswap_graph_rotary"  # attribute of a self-attention module: a copy of the model's Rotary (rope)
@@ -84,7 +86,7 @@ def install_graph_form(model: nn.Module, native: nn.Module) -> None:
                 index = next(i for i, p in enumerate(providers) if p is attention.posswap_bias)
                 object.__setattr__(twin, "posswap_bias", target.base.posswap_bias_providers[index])
                 object.__setattr__(twin, "posswap_first_id", getattr(attention, "posswap_first_id", 0))
-    if block["method"] in ("rope", "alibi", "t5-bias", "tupe"):
+    if installs_attention(get_method(block["method"]).config_class):  # rope, alibi, t5-bias, tupe: a backend
         native.set_attn_implementation(GRAPH_ATTENTION)
 
 

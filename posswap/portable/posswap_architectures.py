@@ -97,19 +97,22 @@ def _bert_like(**changes) -> dict:
     return {**_BERT_LIKE, **changes}
 
 
+_DECODER_LIKE = dict(
+    embeddings="",
+    table="embed_positions",
+    self_attention="layers.*.self_attn",
+    causal=True,
+    qk_projections=(("q_proj", (0,)), ("k_proj", (0,))),
+    lora_targets=("q_proj", "k_proj", "v_proj"),
+    conv1d=False,
+    native_export="",
+)
+
+
 def _decoder_like(**changes) -> dict:
-    """OPT's and GPT-Neo's layout (q_proj / k_proj / v_proj; layers under layers.*.self_attn)."""
-    layout = dict(
-        embeddings="",
-        table="embed_positions",
-        self_attention="layers.*.self_attn",
-        causal=True,
-        qk_projections=(("q_proj", (0,)), ("k_proj", (0,))),
-        lora_targets=("q_proj", "k_proj", "v_proj"),
-        conv1d=False,
-        native_export="",
-    )
-    return {**layout, **changes}
+    """OPT's layout (q_proj / k_proj / v_proj under layers.*.self_attn, the table on the stack), with what a family
+    names differently."""
+    return {**_DECODER_LIKE, **changes}
 
 
 _ENCODER_DECODER = dict(
@@ -197,7 +200,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     # layers' window cut into it): the table methods run, the mask rebuilt at the new length.
     "gpt_neo": Architecture(
         "gpt_neo",
-        **_decoder_like(embeddings="", table="wpe", self_attention="h.*.attn.attention", first_norm="h.0.ln_1"),
+        **_decoder_like(table="wpe", self_attention="h.*.attn.attention", first_norm="h.0.ln_1"),
         layer_class="GPTNeoBlock",
         class_prefix="GPTNeo",
         own_attention="GPT-Neo computes attention in its own module, with a causal mask of its own, not through "
