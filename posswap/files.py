@@ -191,4 +191,7 @@ def shown_command(command: str) -> str:
         except ValueError:
             return f"out/{path.name}"
 
+    # The clone itself can sit anywhere (a CI checkout under /check/...), which the pattern does not know.
+    clone = rf"(?<![\w./-]){re.escape(CLONE.as_posix())}"
+    command = re.sub(rf"{clone}(?![^\s/])", ".", re.sub(rf"{clone}/", "", command))
     return MACHINE_PATH.sub(shown, command)
