@@ -17,7 +17,13 @@ from conftest import make_model, padded_mask, sharpen_qk, token_ids
 from test_blocked_attention import METHODS, first, patched
 
 import posswap
-from posswap.portable import posswap_attention, posswap_blocked, posswap_blocked_grad, posswap_windows
+from posswap.portable import (
+    posswap_attention,
+    posswap_blocked,
+    posswap_blocked_grad,
+    posswap_far_split,
+    posswap_windows,
+)
 from posswap.portable.posswap_blocked_grad import BlockedBiasAttention
 
 LOWEST = torch.finfo(torch.float32).min
@@ -100,26 +106,34 @@ def test_function_gradients_equal_the_dense_reference(calls, case, table_grad):
 
 
 class BandCalls:
-    """Counts the band route of the table's gradient (``_band_table_grad``)."""
+    """Counts the band route of the table's gradient (``posswap_far_split.band_gradients``)."""
 
     def __init__(self, monkeypatch):
         self.count = 0
-        original = posswap_blocked_grad._band_table_grad
+        original = posswap_far_split.band_gradients
 
         def band(*args):
             self.count += 1
             return original(*args)
 
-        monkeypatch.setattr(posswap_blocked_grad, "_band_table_grad", band)
+        monkeypatch.setattr(posswap_far_split, "band_gradients", band)
 
 
-@pytest.mark.parametrize("q_len", [37, 20], ids=["every-query", "queries-last"])
-def test_far_distances_sharing_a_parameter_take_the_band_route(monkeypatch, calls, q_len):
+@pytest.mark.parametrize(
+    ("n", "q_len", "far"), [(37, 37, 5), (37, 20, 5), (300, 300, 21)], ids=["every-query", "queries-last", "long"]
+)
+def test_far_distances_sharing_a_parameter_take_the_band_route(monkeypatch, calls, n, q_len, far):
     """A causal provider whose distances from ``far`` on read one parameter (as T5's last bucket): the table's
-    gradient from the keys near each query plus the row-sum identity equals the dense reference's."""
+    gradient from the keys near each query plus the row-sum identity equals the dense reference's. Every key a
+    query: the far keys through the causal kernel, the band apart (``posswap_far_split``; blocks of 16 rows, so
+    that a long input has many band calls and blocks that the far bucket's row sums cross)."""
     band = BandCalls(monkeypatch)
+    monkeypatch.setattr(posswap_far_split, "BAND_ROWS", 16)
+    split = []
+    original = posswap_far_split.forward
+    monkeypatch.setattr(posswap_far_split, "forward", lambda *a: split.append(1) or original(*a))
     gen = torch.Generator().manual_seed(1)
-    b, h, n, d, far = 2, 3, 37, 8, 5
+    b, h, d = 2, 3, 8
     q = torch.randn(b, h, q_len, d, generator=gen).requires_grad_()
     k, v = (torch.randn(b, h, n, d, generator=gen).requires_grad_() for _ in range(2))
     weights = torch.randn(h, far + 2, generator=gen).requires_grad_()  # column 0: every negative distance
@@ -140,7 +154,7 @@ def test_far_distances_sharing_a_parameter_take_the_band_route(monkeypatch, call
     got_all = torch.autograd.grad(out, (q, k, v, weights), grad, retain_graph=True)
     for got, expected in zip(got_all, torch.autograd.grad(reference, (q, k, v, weights), grad)):
         torch.testing.assert_close(got, expected, atol=5e-5, rtol=1e-4)
-    assert band.count == 1
+    assert band.count == 1 and len(split) == (q_len == n)
 
 
 @pytest.mark.parametrize(("buckets", "max_distance"), [(32, 128), (8, 12), (16, 9)])

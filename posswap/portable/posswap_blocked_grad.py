@@ -20,8 +20,9 @@ Forward runs CPU's flash kernel per block (``_scaled_dot_product_flash_attention
 honouring the mask's strides); without it, or with attention dropout, plain ops. Dropout: each block's keep mask
 drawn from its own generator, seeded from torch's RNG once per call, and drawn again in backward (nothing kept).
 Where a decoder's far distances all read one parameter (T5's last bucket: ``far_distance`` on the provider), causal,
-contiguous and unpadded, backward takes torch's flash kernel for q, k and v and makes the table's gradient from the
-band of keys within ``far`` of each query (``_band_table_grad``). Float32 only: other dtypes keep the dense path.
+contiguous and unpadded, the far keys go through torch's causal kernel and the band of keys within ``far`` of each
+query by itself (``posswap_far_split``); with a cache (queries fewer than keys) backward takes torch's flash kernel
+for q, k and v and makes the table's gradient from that band. Float32 only: other dtypes keep the dense path.
 It travels with saved models (``posswap/portable``), so it imports nothing from posswap.
 """
 
@@ -31,7 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import posswap_blocked, posswap_windows
+from . import posswap_blocked, posswap_far_split, posswap_windows
+from .posswap_far_split import applies as far_split_applies  # this form: transformers copies the module with it
 
 try:  # torch's own CPU flash kernel, as F.scaled_dot_product_attention runs it, with the log-sum-exp it discards
     _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -228,6 +230,12 @@ class BlockedBiasAttention(torch.autograd.Function):
     def forward(ctx, query, key, value, table, plan: Plan, seed: int = 0):
         k_len = key.shape[2]
         masked, calls = _causal_table(table.detach(), plan), None
+        ctx.far_split = far_split_applies(plan, query, key)
+        if ctx.far_split:  # T5's decoder: far keys by stock's causal kernel, the band with its bias
+            out, lse = posswap_far_split.forward(query, key, value, masked, plan)
+            ctx.save_for_backward(query, key, value, out, lse)
+            ctx.plan, ctx.masked = plan, masked
+            return out
         if plan.q_pos is None and plan.mask is None and plan.lo <= 0:  # queries last, unpadded: own key read
             masked, windows = posswap_windows.reach(masked, -plan.lo, query, key, plan.scaling)
             if _FLASH is not None and plan.dropout <= 0:  # each group of heads over the keys it weighs
@@ -256,6 +264,10 @@ class BlockedBiasAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         query, key, value, out, lse = ctx.saved_tensors
         plan, masked, k_len = ctx.plan, ctx.masked, key.shape[2]
+        if ctx.far_split:
+            d_table = torch.zeros_like(masked) if ctx.needs_input_grad[3] else None
+            grads = posswap_far_split.backward(ctx.saved_tensors, grad_out.contiguous(), masked, plan, d_table)
+            return *grads, d_table, None, None
         k_rev, v_rev, grad_out = key.flip(2), value.flip(2), grad_out.contiguous()
         grads = torch.empty_like(query), torch.zeros_like(k_rev), torch.zeros_like(v_rev)
         d_table = torch.zeros_like(masked) if ctx.needs_input_grad[3] else None
@@ -264,7 +276,7 @@ class BlockedBiasAttention(torch.autograd.Function):
         if flash and (d_table is None or _band_route(plan)):  # torch's kernel for q, k, v: no score gradient kept
             _flash_backward(plan, masked, ctx.calls, (query, k_rev, v_rev, out, lse), grad_out, grads)
             if d_table is not None:  # the table's gradient from the keys near each query only
-                _band_table_grad(d_table, plan, masked, (query, key, value, out, lse), grad_out)
+                posswap_far_split.band_gradients(d_table, plan, masked, (query, key, value, out, lse), grad_out)
             return grads[0], grads[1].flip(2), grads[2].flip(2), d_table, None, None
         delta = (grad_out * out).sum(-1, keepdim=True)  # rowsum(dO * O) = rowsum(P * dP)
         ones = k_rev.new_ones(*k_rev.shape[:3], 1)
@@ -323,37 +335,6 @@ def _band_route(plan: Plan) -> bool:
     """Causal, contiguous positions, no mask, and a provider whose far distances share a parameter (``make_plan``
     sets ``far`` for contiguous positions only)."""
     return plan.far is not None and plan.causal and plan.mask is None
-
-
-def _band_table_grad(d_table, plan: Plan, table, saved: tuple, grad_out) -> None:
-    """The table's gradient when every causal distance from ``plan.far`` on reads one parameter (T5's last
-    bucket). Each nearer distance gets its own sum of score gradients, made again over the keys within ``far`` of
-    each query; a row's other score gradients sum to minus those (a softmax's score gradients sum to zero along a
-    row), and that total goes to the column of distance ``far``, which stands for all of them. Blocks of ``far / 2``
-    queries read ``far / 2 + far - 1`` keys each: at 4k tokens and T5's 128, a tenth of a causal row's keys."""
-    query, key, value, out, lse = saved
-    q_len, k_len, far, lo = query.shape[2], key.shape[2], plan.far, plan.lo
-    delta = (grad_out * out).sum(-1, keepdim=True)
-    rows, heads = max(posswap_blocked.MIN_ROWS, far // 2), d_table.shape[0]
-    block_bias = {}  # every full block past the first ``far`` positions has the same distances: one bias for them
-    for start in range(0, q_len, rows):
-        stop = min(q_len, start + rows)
-        first = k_len - q_len + start  # the block's first query's position: the queries are the last keys
-        k0, k1 = max(0, first - far + 1), first + stop - start
-        shape = (first - k0, stop - start, k1 - k0)
-        if shape not in block_bias:
-            distance = torch.arange(shape[0], shape[0] + shape[1])[:, None] - torch.arange(shape[2])[None]  # CPU path
-            bias = table[:, distance - lo].masked_fill_(distance >= far, float("-inf"))
-            block_bias[shape] = (bias, (distance - lo).reshape(-1))
-        bias, columns = block_bias[shape]
-        scores = torch.matmul(query[:, :, start:stop] * plan.scaling, key[:, :, k0:k1].transpose(-1, -2))
-        probs = scores.add_(bias).sub_(lse[:, :, start:stop, None]).exp_()  # 0 past the band (and behind it)
-        d_scores = torch.matmul(grad_out[:, :, start:stop], value[:, :, k0:k1].transpose(-1, -2))
-        d_scores = d_scores.sub_(delta[:, :, start:stop]).mul_(probs).sum(0)  # (heads, rows, keys), batch summed
-        d_table.index_add_(1, columns, d_scores.reshape(heads, -1))
-        beyond = max(0, far - first)  # the block's rows from here on have keys at distance far or more
-        if beyond < stop - start:
-            d_table[:, far - lo] -= d_scores[:, beyond:].sum((1, 2))
 
 
 def _causal_table(table: torch.Tensor, plan: Plan) -> torch.Tensor:
