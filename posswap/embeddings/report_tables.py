@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ..files import shown_command
 from . import verdicts
-from .report_speed import gpu_block, int8_block, kernels_block, speed_block
+from .report_speed import bias_memory_block, gpu_block, graph_block, kernels_block, speed_block
 from .verdicts import best_per_length
 
 ROOT = Path(__file__).resolve().parents[2]  # the clone: results/ and the pages live there
@@ -399,7 +399,9 @@ def blocks(results: Path = RESULTS, speed: Path = SPEED) -> dict[str, list[str]]
         "speed": speed_block(speed),
         **({"gpu": gpu_block(gpu)} if (gpu := results.parent / "gpu").is_dir() else {}),
         **({"demo": demo_block(results.parent / "demo")} if (results.parent / "demo" / "demo.json").is_file() else {}),
-        **({"onnx-int8": int8_block(onnx)} if (onnx := results.parent / "onnx").is_dir() else {}),
+        **({"onnx-int8": graph_block(onnx)} if (onnx := results.parent / "onnx").is_dir() else {}),
+        **({"onnx-bias": graph_block(bias)} if (bias := results.parent / "onnx-bias").is_dir() else {}),
+        **({"onnx-bias-memory": bias_memory_block(bias)} if list(bias.glob("memory-*.json")) else {}),
         **({"onnx-kernels": kernels_block(speed)} if list(speed.glob("onnx-kernels-*.json")) else {}),
         **(
             {"4k": long_recipe_block(long)}
