@@ -182,22 +182,21 @@ def gpu_block(root: Path) -> list[str]:
 
 def bias_memory_block(root: Path) -> list[str]:
     """benchmarks/onnx_bias_memory.py's JSON: peak memory and time of one call, each bias method's graph and torch
-    model against the graph without a bias, at each length; the graph file's size."""
-    lines = [
-        "| run | method | length | graph peak MiB | torch peak MiB | graph s | torch s | graph file MiB | load |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    commands = []
+    model against the graph without a bias, at each length; the graph file's size. Columns kept few: a phone."""
+    lines = []
     for path in sorted(root.glob("memory-*.json")):
         run = json.loads(path.read_text())
-        commands.append(run["command"])
         load = "{:.1f} / {:.1f}".format(run["load_average"]["before"][0], run["load_average"]["after"][0])
         calls = {(c["method"], c["length"], c["engine"]): c for c in run["calls"]}
+        lines += [
+            "| method | tokens | peak MiB: graph / torch | seconds: graph / torch | file MiB |",
+            "|---|---|---|---|---|",
+        ]
         for method, length in dict.fromkeys((m, n) for m, n, _ in calls):
             graph, torch_ = calls[(method, length, "onnx")], calls[(method, length, "torch")]
             lines.append(
-                f"| `{path.stem}` | {method} | {length} | {graph['peak_bytes'] / 2**20:.0f} | "
-                f"{torch_['peak_bytes'] / 2**20:.0f} | {graph['seconds']:.2f} | {torch_['seconds']:.2f} | "
-                f"{graph['graph_bytes'] / 2**20:.0f} | {load} |"
+                f"| {method} | {length} | {graph['peak_bytes'] / 2**20:.0f} / {torch_['peak_bytes'] / 2**20:.0f} | "
+                f"{graph['seconds']:.2f} / {torch_['seconds']:.2f} | {graph['graph_bytes'] / 2**20:.0f} |"
             )
-    return [*lines, "", "Commands: " + "; ".join(f"`{c}`" for c in commands) + "."] if commands else []
+        lines += ["", f"`{path.relative_to(ROOT)}`, load average {load}: `{shown_command(run['command'])}`.", ""]
+    return lines[:-1]
