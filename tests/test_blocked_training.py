@@ -125,13 +125,12 @@ class BandCalls:
 def test_far_distances_sharing_a_parameter_take_the_band_route(monkeypatch, calls, n, q_len, far):
     """A causal provider whose distances from ``far`` on read one parameter (as T5's last bucket): the table's
     gradient from the keys near each query plus the row-sum identity equals the dense reference's. Every key a
-    query: the far keys through the causal kernel, the band apart (``posswap_far_split``; blocks of 16 rows, so
-    that a long input has many band calls and blocks that the far bucket's row sums cross)."""
+    query: backward takes the far keys through the causal kernel and the band apart (``posswap_far_split``; a long
+    input has many band blocks, which the far bucket's row sums cross)."""
     band = BandCalls(monkeypatch)
-    monkeypatch.setattr(posswap_far_split, "BAND_ROWS", 16)
     split = []
-    original = posswap_far_split.forward
-    monkeypatch.setattr(posswap_far_split, "forward", lambda *a: split.append(1) or original(*a))
+    original = posswap_far_split.backward
+    monkeypatch.setattr(posswap_far_split, "backward", lambda *a: split.append(1) or original(*a))
     gen = torch.Generator().manual_seed(1)
     b, h, d = 2, 3, 8
     q = torch.randn(b, h, q_len, d, generator=gen).requires_grad_()

@@ -20,9 +20,10 @@ Forward runs CPU's flash kernel per block (``_scaled_dot_product_flash_attention
 honouring the mask's strides); without it, or with attention dropout, plain ops. Dropout: each block's keep mask
 drawn from its own generator, seeded from torch's RNG once per call, and drawn again in backward (nothing kept).
 Where a decoder's far distances all read one parameter (T5's last bucket: ``far_distance`` on the provider), causal,
-contiguous and unpadded, the far keys go through torch's causal kernel and the band of keys within ``far`` of each
-query by itself (``posswap_far_split``); with a cache (queries fewer than keys) backward takes torch's flash kernel
-for q, k and v and makes the table's gradient from that band. Float32 only: other dtypes keep the dense path.
+contiguous and unpadded, backward takes the far keys through torch's causal kernel and the band of keys within
+``far`` of each query by hand, which also gives the table its gradient (``posswap_far_split``); with a cache
+(queries fewer than keys) torch's flash kernel for q, k and v and the table's gradient from that band. Float32
+only: other dtypes keep the dense path.
 It travels with saved models (``posswap/portable``), so it imports nothing from posswap.
 """
 
@@ -230,12 +231,7 @@ class BlockedBiasAttention(torch.autograd.Function):
     def forward(ctx, query, key, value, table, plan: Plan, seed: int = 0):
         k_len = key.shape[2]
         masked, calls = _causal_table(table.detach(), plan), None
-        ctx.far_split = far_split_applies(plan, query, key)
-        if ctx.far_split:  # T5's decoder: far keys by stock's causal kernel, the band with its bias
-            out, lse = posswap_far_split.forward(query, key, value, masked, plan)
-            ctx.save_for_backward(query, key, value, out, lse)
-            ctx.plan, ctx.masked = plan, masked
-            return out
+        ctx.far_split = far_split_applies(plan, query, key)  # T5's decoder: backward by far keys and band
         if plan.q_pos is None and plan.mask is None and plan.lo <= 0:  # queries last, unpadded: own key read
             masked, windows = posswap_windows.reach(masked, -plan.lo, query, key, plan.scaling)
             if _FLASH is not None and plan.dropout <= 0:  # each group of heads over the keys it weighs

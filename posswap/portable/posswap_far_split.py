@@ -1,18 +1,16 @@
-"""Training attention of a decoder whose far distances all read one parameter (T5's last bucket), on CPU: the far
-keys through torch's own causal kernel, the near ones (the band) with their bias.
+"""The backward pass of a decoder's training attention whose far distances all read one parameter (T5's last
+bucket), on CPU: the far keys' gradients through torch's own causal kernel, the near ones (the band) by hand.
 
 With every distance from ``far`` on sharing the bias ``c`` (per head), a query's keys split in two: the band
 (distances 0 .. far - 1, each its own bias) and the far keys (distance far and more, bias ``c`` for all). For the far
 keys the bias is a constant, which a softmax takes as a shift of the log-sum-exp: query ``i`` weighs keys
-``j <= i - far``, which is plain causal attention of queries ``far ..`` against keys ``.. n - far`` (the stock
-model's ``is_causal`` kernel: no mask read, the upper triangle skipped). The band is blocks of ``BAND_ROWS``
-queries against their ``far - 1`` previous keys, through CPU's flash kernel with the bias as a strided view
-(``posswap_windows``). The two parts' outputs combine by their log-sum-exps; backward gives each part the
-combined output and log-sum-exp, so that each kernel's gradients are its keys' share of the whole softmax's.
-
-Backward: the far part through torch's flash backward; the band by hand in blocks of ``far / 2`` queries, whose
-score gradients are what the table's gradient sums per distance (a row's score gradients sum to zero, so the far
-bucket's is minus the band's). At 4k tokens and T5's 128 the band is a tenth of a causal row's keys.
+``j <= i - far`` as plain causal attention of queries ``far ..`` against keys ``.. n - far`` does (the stock model's
+``is_causal`` kernel: no mask read, the upper triangle skipped). Given the whole attention's output and log-sum-exp
+(the forward pass's, ``posswap_blocked_grad``), each part's gradients are its keys' share: torch's flash backward for
+the far part (its log-sum-exp less ``c``), and for the band blocks of ``far / 2`` queries by hand, whose score
+gradients also give the table its gradient (a row's score gradients sum to zero, so the far bucket's is minus the
+band's). At 4k tokens and T5's 128 the band is a tenth of a causal row's keys. (The forward pass split the same way
+was slower than the blocked path's own forward, whose windows read the bias as a strided view: measured.)
 
 It travels with saved models (``posswap/portable``), so it imports nothing from posswap.
 """
@@ -21,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from . import posswap_blocked, posswap_windows
+from . import posswap_blocked
 
 try:
     _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -29,10 +27,6 @@ try:
 except (AttributeError, RuntimeError):  # a torch without it: the blocked path's other routes
     _FLASH = _FLASH_BACKWARD = None
 
-# Query rows per band call: a call reads its rows plus far - 1 keys, so fewer rows waste less; every call is a
-# parallel region. Measured at 4k tokens (reference GPT-2, two threads): 64 rows 1.08-1.18x stock, 128 1.10-1.14x,
-# 256 1.14-1.16x (the attention alone, the table's gradient apart).
-BAND_ROWS = 128
 # exp below e^-87 gives a denormal, which x86 computes many times slower (posswap_windows.py); a weight that small
 # (under 1.2e-38) adds nothing an fp32 gradient holds, so the argument is clamped there.
 SMALLEST_EXP = -87.0
@@ -54,34 +48,9 @@ def applies(plan, query: torch.Tensor, key: torch.Tensor) -> bool:
     )
 
 
-def forward(query, key, value, table, plan) -> tuple[torch.Tensor, torch.Tensor]:
-    """Output and log-sum-exp of the whole attention: the band's and the far keys', combined."""
-    n, far, lowest = query.shape[2], plan.far, torch.finfo(table.dtype).min
-    band = table.clone()
-    band[:, far - plan.lo :] = lowest  # distance far and more: the far part's
-    window = [posswap_windows.Window(slice(0, table.shape[0]), far - 1, 0)]
-    out = query.new_empty(*query.shape[:3], value.shape[-1])
-    lse = query.new_empty(query.shape[:3], dtype=torch.float32)
-    k_rev, v_rev = key.flip(2), value.flip(2)
-    for call in posswap_windows.plan_calls(window, n, n, True, query.shape[0], BAND_ROWS):
-        rows = posswap_windows.rows_of
-        bias = posswap_windows.bias_of(band, -plan.lo, call, 0)
-        keys = posswap_windows.keys_of(k_rev, call), posswap_windows.keys_of(v_rev, call)
-        block_out, block_lse = _FLASH(rows(query, call), *keys, attn_mask=bias, scale=plan.scaling)[:2]
-        rows(out, call).copy_(block_out)
-        rows(lse, call).copy_(block_lse)
-    far_out, far_lse = _FLASH(*_far_inputs(query, key, value, far), is_causal=True, scale=plan.scaling)[:2]
-    far_lse = far_lse + _far_bias(table, plan)
-    near_out, near_lse = out[:, :, far:], lse[:, :, far:]
-    both = torch.logaddexp(far_lse, near_lse)
-    combined = near_out * (near_lse - both).exp()[..., None] + far_out * (far_lse - both).exp()[..., None]
-    out[:, :, far:] = combined
-    lse[:, :, far:] = both
-    return out, lse
-
-
 def backward(saved: tuple, grad_out, table, plan, d_table) -> tuple[torch.Tensor, ...]:
-    """q, k, v gradients (and the table's into ``d_table``, when given) of :func:`forward`'s output."""
+    """q, k, v gradients (and the table's into ``d_table``, when given) of the attention whose output and
+    log-sum-exp ``saved`` holds (with q, k, v); ``table``: the bias per distance the forward read."""
     query, key, value, out, lse = saved
     n, far = query.shape[2], plan.far
     grads = torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value)
