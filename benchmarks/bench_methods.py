@@ -285,6 +285,26 @@ def ratios(results: dict) -> list[dict]:
     return rows
 
 
+def write_record(path: Path, script: str, load_before, fields: dict) -> None:
+    """A benchmark's figures (``fields``) with what made them: its command, torch, the machine and the load average
+    before and now; written whole or not at all (staged, then renamed)."""
+    import platform
+
+    import torch
+
+    record = {
+        "command": f"python benchmarks/{script} " + " ".join(sys.argv[1:]),
+        "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(),
+        **fields,
+        "load_average": {"before": load_before, "after": os.getloadavg()},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".json.tmp")
+    staging.write_text(json.dumps(record, indent=1) + "\n")
+    staging.replace(path)
+
+
 def recompute(path: Path) -> None:
     """--recompute: the ratios of a JSON this script wrote, from its per-round figures (older files had fewer)."""
     record = json.loads(path.read_text())

