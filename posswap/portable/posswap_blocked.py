@@ -33,6 +33,13 @@ import torch.nn.functional as F
 
 from .posswap_windows import Call, bias_of, keys_of, plan_calls, reach, rows_of
 
+try:  # torch's own CPU flash kernels, as F.scaled_dot_product_attention runs them, with the log-sum-exp it discards:
+    # what the training paths (posswap_blocked_grad.py, posswap_far_split.py) call
+    CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    CPU_FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+except (AttributeError, RuntimeError):  # a torch without them: plain ops
+    CPU_FLASH = CPU_FLASH_BACKWARD = None
+
 # The most bytes of bias one block of the general path may hold (fp32, b|1 x heads x rows x keys).
 BLOCK_BYTES = 8 * 2**20
 MIN_ROWS = 32

@@ -36,11 +36,7 @@ import torch
 from . import posswap_blocked, posswap_far_split, posswap_windows
 from .posswap_far_split import applies as far_split_applies  # this form: transformers copies the module with it
 
-try:  # torch's own CPU flash kernel, as F.scaled_dot_product_attention runs it, with the log-sum-exp it discards
-    _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
-    _FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
-except (AttributeError, RuntimeError):  # a torch without it: plain ops
-    _FLASH = _FLASH_BACKWARD = None
+_FLASH, _FLASH_BACKWARD = posswap_blocked.CPU_FLASH, posswap_blocked.CPU_FLASH_BACKWARD
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,7 @@ import torch
 
 from . import posswap_blocked
 
-try:
-    _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
-    _FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
-except (AttributeError, RuntimeError):  # a torch without it: the blocked path's other routes
-    _FLASH = _FLASH_BACKWARD = None
+_FLASH, _FLASH_BACKWARD = posswap_blocked.CPU_FLASH, posswap_blocked.CPU_FLASH_BACKWARD
 
 # exp below e^-87 gives a denormal, which x86 computes many times slower (posswap_windows.py); a weight that small
 # (under 1.2e-38) adds nothing an fp32 gradient holds, so the argument is clamped there.

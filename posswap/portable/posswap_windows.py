@@ -96,16 +96,13 @@ def group_heads(before: list[int], after: list[int]) -> list[Window]:
     return windows
 
 
-def plan_calls(
-    windows: list[Window], q_len: int, k_len: int, causal: bool, batch: int, rows: int | None = None
-) -> list[Call]:
+def plan_calls(windows: list[Window], q_len: int, k_len: int, causal: bool, batch: int) -> list[Call]:
     """Every SDPA call of one attention: per block of queries, each group's keys (a decoder's none after the
     block's last query), neighbouring groups with the same keys in one call, the same keys for neighbouring blocks
-    in one call (an encoder's heads that read everything: one call); each split for the threads. ``rows``: query
-    rows per block (``FAST_ROWS``, read at call time)."""
-    past, calls, rows = k_len - q_len, [], rows or FAST_ROWS
-    for start in range(0, q_len, rows):
-        stop = min(q_len, start + rows)
+    in one call (an encoder's heads that read everything: one call); each split for the threads."""
+    past, calls = k_len - q_len, []
+    for start in range(0, q_len, FAST_ROWS):
+        stop = min(q_len, start + FAST_ROWS)
         for window in windows:
             first, end = past + start - window.before, past + stop + (0 if causal else window.after)
             _merge(calls, Call(window.heads, start, stop - start, max(0, first), min(k_len, end)))
