@@ -115,6 +115,11 @@ def main() -> None:
     args = parser.parse_args()
     if any(not 16 <= n <= MAX_LENGTH for n in args.lengths):
         parser.error(f"--lengths: each between 16 and {MAX_LENGTH}")
+    import posswap
+
+    known = ["copy", *posswap.registry.registered()]
+    if unknown := [m for m in args.methods if m not in known]:
+        parser.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
     import torch
 
     torch.set_num_threads(args.threads)
