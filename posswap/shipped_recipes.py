@@ -48,7 +48,8 @@ def recipes_folder() -> Path:
 
 def shipped_recipes() -> dict[str, Path]:
     """Name -> file of each shipped training recipe (the accelerate configs under ``accelerate/`` are not recipes)."""
-    return {path.name[: -len(SUFFIX)]: path for path in sorted(recipes_folder().glob("*" + SUFFIX))}
+    found = {path.name[: -len(SUFFIX)]: path for path in recipes_folder().glob("*" + SUFFIX)}
+    return dict(sorted(found.items()))  # by name: "minilm-late-2k" before "minilm-late-2k-natural"
 
 
 def purpose(path: Path) -> str:

@@ -83,12 +83,14 @@ def eval_command(args: argparse.Namespace) -> None:
     from ..evaluation.harness import check_settings
     from ..files import check_output_dir
 
-    if args.task == "context-retrieval":
+    if args.task in ("context-retrieval", "natural-context-retrieval"):
         from .retrieval import run_context_command
 
         return run_context_command(args)
     if args.chunk_tokens is not None:  # read by the context task only: never accepted and ignored
-        raise ValueError("--chunk-tokens applies to --task context-retrieval only; remove it.")
+        raise ValueError(
+            "--chunk-tokens applies to --task context-retrieval (or natural-context-retrieval) only; remove it."
+        )
     if args.task != "text":  # long-document retrieval for sentence-transformers models
         from .retrieval import run_retrieval_command
 

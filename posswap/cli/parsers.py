@@ -191,18 +191,21 @@ def add_eval(commands) -> None:
 def _add_retrieval_flags(e) -> None:
     e.add_argument(
         "--task",
-        choices=("text", "passkey-retrieval", "needle-retrieval", "context-retrieval"),
+        choices=("text", "passkey-retrieval", "needle-retrieval", "context-retrieval", "natural-context-retrieval"),
         default="text",
         help="text (default): the scores above. passkey-retrieval, needle-retrieval: LongEmbed's long-document "
         "retrieval for sentence-transformers models (retrieval.json, retrieval.png; default lengths 256 512 1024 2048). "
         "context-retrieval: chunks whose facts are about a subject named elsewhere in their document (context.json; "
-        "default lengths 512 1024 2048 4096).",
+        "default lengths 512 1024 2048 4096). natural-context-retrieval: a real passage of Persuasion in copies "
+        "under other names, asked about a chunk that names nobody: only its document tells the copies apart "
+        "(context.json; --documents counts the copies).",
     )
     e.add_argument(
         "--chunk-tokens",
         type=int,
         default=None,
-        help="context-retrieval: the most tokens a chunk holds, special tokens counted (default 128).",
+        help="context-retrieval, natural-context-retrieval: the most tokens a chunk holds, special tokens counted "
+        "(default 128).",
     )
     e.add_argument("--documents", type=int, default=100, help="Retrieval: documents per length (default 100).")
     e.add_argument("--batch-size", type=int, default=8, help="Retrieval: texts encoded at once (default 8).")

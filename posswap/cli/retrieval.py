@@ -1,4 +1,4 @@
-"""``posswap eval --task passkey-retrieval|needle-retrieval|context-retrieval``: the long-document retrieval
+"""``posswap eval --task passkey-retrieval|needle-retrieval|[natural-]context-retrieval``: the long-document retrieval
 tasks for sentence-transformers models, run from the command line (the library functions are in
 ``posswap.embeddings.retrieval`` and ``posswap.embeddings.context_retrieval``)."""
 
@@ -56,17 +56,28 @@ def run_retrieval_command(args) -> None:
 
 
 def run_context_command(args) -> None:
-    """``posswap eval MODEL ... --task context-retrieval``: every MODEL as a sentence-transformers model, the task
-    at ``--lengths``, context.json in ``--out``, the tables printed."""
+    """``posswap eval MODEL ... --task context-retrieval|natural-context-retrieval``: every MODEL as a
+    sentence-transformers model, the task at ``--lengths``, context.json in ``--out``, the tables printed."""
     lengths = args.lengths or list(DEFAULT_CONTEXT_LENGTHS)
     chunk_tokens = DEFAULT_CHUNK_TOKENS if args.chunk_tokens is None else args.chunk_tokens
-    check_context_inputs(lengths, args.documents, chunk_tokens, args.batch_size)  # before any model loads
+    check_context_inputs(lengths, args.documents, chunk_tokens, args.batch_size, args.task)  # before any model loads
     if args.haystack is not None:
-        raise ValueError("--haystack: the context task reads its own two held-out haystacks; leave it out.")
+        raise ValueError(
+            "--haystack: the context task reads its own two held-out haystacks; leave it out."
+            if args.task == "context-retrieval"
+            else "--haystack: the natural-reference task reads held-out Persuasion only; leave it out."
+        )
     check_output_dir(args.out)
     models = _embedding_models(args, lengths)
     results = evaluate_context(
-        models, lengths, args.documents, args.seed, chunk_tokens, args.batch_size, args.baselines or None
+        models,
+        lengths,
+        args.documents,
+        args.seed,
+        chunk_tokens,
+        args.batch_size,
+        args.baselines or None,
+        task=args.task,
     )
     results.save(args.out)
     for metric in ("accuracy", "fact_accuracy"):

@@ -11,6 +11,9 @@ Scores, per length with their standard errors over queries: accuracy at 1 among 
 (``accuracy``), nDCG@10 there (one relevant chunk; ties count in expectation), accuracy at 1 among the chunks that
 answer the query's question in every document (``fact_accuracy``: a model blind to context is at chance, one in the
 documents of that kind), and the fact's document first by its best chunk (``document_accuracy``).
+
+``task="natural-context-retrieval"`` scores the natural-reference task (:mod:`.natural_context`: a real passage of
+*Persuasion* in copies under other names) the same way: its fact accuracy is among the copies' fact chunks.
 """
 
 from __future__ import annotations
@@ -25,14 +28,19 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from ..config import check_choice
 from .chunking import BASELINES, cosine_scores, mean_vector
 from .context_task import KINDS, TEMPLATES, ContextTask, build_context_task, max_context_documents
 from .late_chunking import late_chunks_and_documents
+from .natural_context import COPIES, EVALUATION_SOURCE, build_natural_task
 from .retrieval import check_lengths_read
 
 DEFAULT_CONTEXT_LENGTHS = (512, 1024, 2048, 4096)
 DEFAULT_CHUNK_TOKENS = 128
 DISTANCE_BUCKETS = ((1, 1), (2, 3), (4, 7), (8, 15), (16, 1 << 30))
+# posswap eval's --task -> the task's documents: invented subjects (context_task) or renamed real passages
+CONTEXT_TASKS = ("context-retrieval", "natural-context-retrieval")
+NATURAL_MOST_DOCUMENTS = 400  # 100 passages in 4 copies
 
 
 @dataclass
@@ -94,10 +102,11 @@ class ContextResults:
             cells = [_cell(getattr(r, metric)[i], getattr(r, error)[i] if error else None) for r in self.rows.values()]
             lines.append(f"| {length} | " + " | ".join(cells) + " |")
         chance = self.settings["chance"][metric] if metric in self.settings["chance"] else None
+        made = self.settings.get("made", f"{self.documents} documents a length, two questions each")
         lines += [
             "",
-            f"context retrieval, {metric.replace('_', ' ')}: {self.documents} documents a length, two "
-            f"questions each, chunks of at most {self.chunk_tokens} tokens, seed {self.seed}"
+            f"{self.settings.get('title', 'context retrieval')}, {metric.replace('_', ' ')}: {made}, "
+            f"chunks of at most {self.chunk_tokens} tokens, seed {self.seed}"
             + (f"; chance {', '.join(f'{c:.3f}' for c in chance)}." if chance else "."),
         ]
         return "\n".join(lines)
@@ -117,15 +126,20 @@ def distance_bucket(distance: int) -> str:
     return str(low) if low == high else f"{low}+" if high > 1 << 20 else f"{low}-{high}"
 
 
-def check_context_inputs(lengths, documents: int, chunk_tokens: int, batch_size: int) -> list[int]:
+def check_context_inputs(
+    lengths, documents: int, chunk_tokens: int, batch_size: int, task: str = CONTEXT_TASKS[0]
+) -> list[int]:
     """One-line ``ValueError`` naming the argument, before any work; the lengths sorted."""
+    check_choice("task", task, CONTEXT_TASKS)
     if isinstance(lengths, (str, bytes)) or not lengths:
         raise ValueError(f"lengths must be a non-empty list of token counts such as 512 1024; got {lengths!r}.")
     if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lengths) or len(set(lengths)) < len(lengths):
         raise ValueError(f"lengths must be distinct positive whole numbers of tokens; got {list(lengths)}.")
-    most = max_context_documents()
-    if isinstance(documents, bool) or not isinstance(documents, int) or not len(KINDS) * 2 <= documents <= most:
-        raise ValueError(f"documents must be a whole number from {len(KINDS) * 2} to {most}; got {documents!r}.")
+    least, most = (
+        (len(KINDS) * 2, max_context_documents()) if task == CONTEXT_TASKS[0] else (2 * COPIES, NATURAL_MOST_DOCUMENTS)
+    )
+    if isinstance(documents, bool) or not isinstance(documents, int) or not least <= documents <= most:
+        raise ValueError(f"documents must be a whole number from {least} to {most}; got {documents!r}.")
     if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or not 16 <= chunk_tokens <= 512:
         raise ValueError(f"chunk_tokens must be a whole number of tokens from 16 to 512; got {chunk_tokens!r}.")
     if min(lengths) < 3 * chunk_tokens:
@@ -149,17 +163,23 @@ def evaluate_context(
     batch_size: int = 8,
     baselines=None,
     progress: bool = True,
+    task: str = CONTEXT_TASKS[0],
 ) -> ContextResults:
     """The contextual chunk retrieval task for sentence-transformers ``models`` (the first one's tokenizer measures
     lengths and its chunks are the ``chunk-max`` row; ``late-chunk-max`` rows for every later model that reads
-    more than the first); one-vector rows for every model."""
-    lengths = check_context_inputs(lengths, documents, chunk_tokens, batch_size)
+    more than the first); one-vector rows for every model. ``task``: ``context-retrieval`` (invented subjects,
+    :mod:`.context_task`) or ``natural-context-retrieval`` (a real passage under other names, :mod:`.natural_context`;
+    ``documents`` counts the copies)."""
+    lengths = check_context_inputs(lengths, documents, chunk_tokens, batch_size, task)
     rows = context_rows(models, baselines)
     check_lengths_read(models, baselines or [], lengths)  # the rule of every task, before any document is built
     tokenizer = next(iter(models.values())).tokenizer
-    tasks = [build_context_task(tokenizer, n, documents, seed, chunk_tokens) for n in lengths]
-    results = ContextResults(lengths, documents, seed, chunk_tokens, _settings(tasks))
-    steps = tqdm(total=len(rows) * len(tasks), desc="context retrieval", disable=not progress)
+    build = build_context_task if task == CONTEXT_TASKS[0] else build_natural_task  # looked up now: tests patch them
+    tasks = [build(tokenizer, n, documents, seed, chunk_tokens) for n in lengths]
+    results = ContextResults(lengths, documents, seed, chunk_tokens, _settings(tasks, task))
+    steps = tqdm(
+        total=len(rows) * len(tasks), desc=task.removesuffix("-retrieval").replace("-", " "), disable=not progress
+    )
     for task in tasks:
         queries, read_whole = {}, {}  # read_whole: a model's document vectors from its late chunks' pass
         for row, (name, kind) in rows.items():
@@ -295,9 +315,10 @@ def _stderr(values: list[float]) -> float:
     return math.sqrt(max(p * (1 - p), 0.0) / len(values))
 
 
-def _settings(tasks: list[ContextTask]) -> dict:
+def _settings(tasks: list[ContextTask], task: str = CONTEXT_TASKS[0]) -> dict:
     chunks = {str(t.length): sum(len(p) for p in t.chunks) for t in tasks}
     per_kind = len(tasks[0].chunks) / len(KINDS)
+    natural = {} if task == CONTEXT_TASKS[0] else _natural_settings(tasks)
     return {
         "haystacks": ["persuasion", "python-docs"],
         "templates": list(TEMPLATES),
@@ -309,5 +330,23 @@ def _settings(tasks: list[ContextTask]) -> dict:
         "queries": {
             str(t.length): [{"template": q.template, "distance": q.distance, "relation": q.relation} for q in t.queries]
             for t in tasks
+        },
+    } | natural
+
+
+def _natural_settings(tasks: list[ContextTask]) -> dict:
+    """What the natural-reference task's results say of themselves in place of the context task's: its haystack,
+    its copies (fact accuracy's chance: one in them), and the table's caption."""
+    passages = len(tasks[0].chunks) // COPIES
+    return {
+        "task": CONTEXT_TASKS[1],
+        "title": "natural-reference retrieval",
+        "made": f"{passages * COPIES} documents a length ({passages} passages x {COPIES} copies, each renamed)",
+        "haystacks": list(EVALUATION_SOURCE.haystacks),
+        "templates": ["natural"],
+        "copies": COPIES,
+        "chance": {
+            "accuracy": [1 / sum(len(p) for p in t.chunks) for t in tasks],
+            "fact_accuracy": [1 / COPIES],
         },
     }

@@ -7,6 +7,11 @@ evaluation scores is one no recipe trained on.
 Each row is a document and one question about its subject; the loss is a ranking over every chunk of every
 document of the batch (the question's own document's other chunks, its naming chunk among them, are the hardest
 negatives): the fact's chunk, its tokens mean-pooled while the model reads the whole document, must come first.
+
+``embedding.context_source: natural`` (or ``both``) makes the documents from real passages instead: one passage of
+the recipe's novels in a batch's worth of copies, the same invented names assigned to its people differently in
+each, every copy asked about the same chunk that names nobody (:mod:`posswap.embeddings.natural_context`): no
+template to learn, only context.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from torch import nn
 
 from ..chunking import after_pooling, mean_pooling_index
 from ..context_task import EVALUATION, KINDS, Templates, build_context_task
+from ..natural_context import NaturalSource, build_natural_task
 
 SYLLABLES = (
     "al bar bel bor bran cal cas cor dal dar del dun el fal fen gar gil hal har hel hol ir jas ker kil lan lor "
@@ -203,18 +209,35 @@ TRAINING = Templates(
 )  # fmt: skip
 
 
+def _given_names(count: int = 300) -> tuple[str, ...]:
+    """One-word given names made of syllables (a fixed seed), none a word of the evaluation's names: what a natural
+    passage's main character is renamed to in training (the natural-reference task names copies from FIRST)."""
+    rng = random.Random("posswap-natural-training-names")
+    taken = {w.lower() for words in EVALUATION.words.values() for pool in words for w in pool}
+    made: set[str] = set()
+    while len(made) < count:
+        name = "".join(rng.choice(SYLLABLES) for _ in range(rng.choice((2, 3)))).capitalize()
+        if name.lower() not in taken:
+            made.add(name)
+    return tuple(sorted(made))
+
+
+# embedding.context_source natural: the recipe's novels (never Persuasion, the evaluation's), syllable names.
+NATURAL_TRAINING = NaturalSource(TRAINING.haystacks, _given_names())
 GROUPED = "posswap context pairs: each run of batch_size rows is one batch"
 
 
 def context_rows(
-    tokenizer, lengths: list[int], rows: int, seed: int, chunk_tokens: int, group: int
+    tokenizer, lengths: list[int], rows: int, seed: int, chunk_tokens: int, group: int, source: str = "templates"
 ) -> datasets.Dataset | None:
     """``rows`` (rounded down to whole groups) of ``query`` (a question about a document's subject), ``document``
     and ``label`` (the fact's chunk, the chunk count, then each chunk's [start, end) in the document's text tokens,
     padded with -1), in groups of ``group`` rows: documents of one length and one kind that all answer the same
     question, each about its own subject. Trained as one batch (:func:`context_batch_sampler`), a group's other
     fact chunks say what the question asks and differ only in whose fact they are: the chunk must carry its
-    subject, which only its document names. None for none."""
+    subject, which only its document names. ``source`` (``embedding.context_source``): ``natural`` makes every
+    group one real passage in ``group`` renamed copies (:func:`_natural_groups`), ``both`` half of each length's
+    groups. None for none."""
     if not rows:
         return None
     groups = rows // group
@@ -222,6 +245,10 @@ def context_rows(
     rng = random.Random(f"posswap-context-pairs-{seed}")
     built = []
     for at, (length, count) in enumerate(zip(lengths, per_length)):
+        natural = {"templates": 0, "natural": count, "both": count // 2}[source]
+        if natural:
+            built += _natural_groups(tokenizer, length, natural, group, (seed * 100 + at) * 1000, chunk_tokens)
+        count -= natural
         for part in range(0, count, len(KINDS)):  # one task (its own subjects): `group` documents of each kind
             task_seed = (seed * 100 + at) * 1000 + part
             built += _groups(tokenizer, rng, length, min(len(KINDS), count - part), group, task_seed, chunk_tokens)
@@ -254,6 +281,23 @@ def _groups(tokenizer, rng, length: int, kinds: int, group: int, seed: int, chun
             rows.append((query.query, task.documents[d], [query.chunk, len(task.chunks[d])] + spans))
         groups.append(rows)
     return groups
+
+
+def _natural_groups(tokenizer, length: int, groups: int, group: int, seed: int, chunk_tokens: int) -> list[list]:
+    """``groups`` groups: each one passage of the recipe's novels with ``group`` people in ``group`` copies, the same
+    ``group`` invented names rotated among the people from copy to copy, every copy asked about the same chunk that
+    names nobody by its main character's name: the group's fact chunks are the same words and every document holds
+    every query's name, told apart only by whom the chunk is about (:mod:`posswap.embeddings.natural_context`)."""
+    task = build_natural_task(tokenizer, length, groups * group, seed, chunk_tokens, NATURAL_TRAINING, group, facts=1)
+    rows = [
+        (
+            q.query,
+            task.documents[q.document],
+            [q.chunk, len(task.chunks[q.document])] + _spans(tokenizer, task.chunks[q.document]),
+        )
+        for q in task.queries  # one a copy, in document order
+    ]
+    return [rows[g * group : (g + 1) * group] for g in range(groups)]
 
 
 def _spans(tokenizer, pieces: list[str]) -> list[int]:

@@ -11,6 +11,7 @@ from typing import Any
 from ...config import check_bool, check_choice, check_number, check_positive_int, shown
 
 LOSSES = ("cached_mnrl", "mnrl")
+CONTEXT_SOURCES = ("templates", "natural", "both")
 
 
 @dataclass
@@ -79,6 +80,15 @@ class EmbeddingSpec:
         default=128,
         metadata={"help": "The most tokens a chunk of a context_pairs document holds, special tokens counted."},
     )
+    context_source: str = field(
+        default="templates",
+        metadata={
+            "help": "What the context_pairs documents are: templates (an invented subject named in one chunk, facts "
+            "about it in later chunks: the recipe's own templates), natural (a real passage of the training novels in "
+            "train.batch_size copies, its main character renamed in each, asked about a chunk that names nobody: only "
+            "the rest of the document tells the copies apart) or both (half of each length's batches each)."
+        },
+    )
 
     soup: int = field(
         default=1,
@@ -128,6 +138,12 @@ class EmbeddingSpec:
 
     def _validate_context(self, max_length: int | None) -> None:
         check_positive_int("embedding.context_chunk_tokens", self.context_chunk_tokens)
+        check_choice("embedding.context_source", self.context_source, CONTEXT_SOURCES)
+        if self.context_source != "templates" and not self.context_pairs:
+            raise ValueError(
+                f"embedding.context_source ({self.context_source}) says what the context pairs are, and "
+                "embedding.context_pairs is 0: set embedding.context_pairs, or remove embedding.context_source."
+            )
         if self.context_lengths is None:
             if self.context_pairs and max(self.document_lengths) < 3 * self.context_chunk_tokens:
                 raise ValueError(

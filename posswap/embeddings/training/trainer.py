@@ -147,7 +147,9 @@ def context_pairs(model, e, seed: int, batch_size: int):
     """The ``embedding.context_pairs`` rows (documents with a question about a subject named elsewhere in them)."""
     check_context_pairs(model, e.context_pairs)
     lengths = e.context_document_lengths()
-    return context_rows(model.tokenizer, lengths, e.context_pairs, seed, e.context_chunk_tokens, batch_size)
+    return context_rows(
+        model.tokenizer, lengths, e.context_pairs, seed, e.context_chunk_tokens, batch_size, e.context_source
+    )
 
 
 def datasets_and_losses(model, e, pairs, taught, chunked, old_limit: int, contexts=None) -> dict:
