@@ -1,15 +1,17 @@
-"""The natural-reference task and embedding.context_source (issue 63): a real passage in copies that hold the same
-invented names, rotated among its people from copy to copy, a fact chunk that names nobody (the same words in every
-copy), a query naming the main character by its name in its copy, an oracle that knows only which names a document
-holds at chance, the source texts kept apart (training never reads Persuasion, the evaluation reads nothing else), the
-scorer against a reference computed here, and one-line refusals."""
+"""The natural-reference task and embedding.context_source (issue 63): a real passage in two copies with two
+people's invented names swapped (a she and a he, mentioned about as often), a fact chunk that names nobody and whose
+pronouns are of one gender (the same words in both copies), each fact asked once a name and answered by different
+copies; oracles that read which names a document holds, its most frequent name or the nearest name before the chunk
+at chance (or near it), one that knows whom the pronouns mean right; the gender rule on a handmade text; the source
+texts kept apart (training never reads Persuasion, the evaluation reads nothing else), the scorer against a reference
+computed here, and one-line refusals."""
 
 from __future__ import annotations
 
 import json
-import math
 import random
 import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,7 @@ from posswap.data import read_document
 from posswap.embeddings import natural_context
 from posswap.embeddings.context_retrieval import ContextRow, _score_into, _settings, evaluate_context
 from posswap.embeddings.context_task import FIRST, LAST
-from posswap.embeddings.natural_context import COPIES, build_natural_task, read_novel
+from posswap.embeddings.natural_context import COPIES, PRONOUNS, build_natural_task, genders, read_novel
 from posswap.embeddings.training.context import NATURAL_TRAINING, context_rows
 
 st = pytest.importorskip("sentence_transformers")
@@ -46,11 +48,15 @@ def flat(name: str) -> str:
 
 
 def groups(task) -> dict[str, list]:
-    """relation -> its queries: one per copy of a passage, all asked about the same chunk."""
+    """relation -> its queries: one per name, both asked about the same chunk."""
     found: dict[str, list] = {}
     for q in task.queries:
         found.setdefault(q.relation, []).append(q)
     return found
+
+
+def pronoun_genders(text: str) -> set[str]:
+    return {PRONOUNS[w] for w in re.findall(r"[a-z]+", text.lower()) if w in PRONOUNS}
 
 
 def names_in(text: str, invented) -> frozenset[str]:
@@ -59,106 +65,104 @@ def names_in(text: str, invented) -> frozenset[str]:
 
 def named_back(text: str, passage, copy: int) -> str:
     """A copy's text with each invented name put back to the person it stands for in that copy."""
-    invented, k = passage.invented, len(passage.cast)
-    back = {invented[(i + copy) % k]: person for i, person in enumerate(passage.cast)}
-    return re.sub(rf"\b(?:{'|'.join(invented)})\b", lambda m: back[m[0]], text)
+    back = {passage.name(i, copy): person for i, person in enumerate(passage.cast)}
+    return re.sub(rf"\b(?:{'|'.join(passage.invented)})\b", lambda m: back[m[0]], text)
 
 
-def test_copies_hold_the_same_names_rotated_among_the_people_and_the_fact_chunk_names_nobody(tokenizer):
+def test_the_gender_rule_on_a_handmade_text():
+    sentences = (
+        ["Mr Brown came in.", "Brown sat down."]  # a title of one gender: he
+        + ["Jane said that she would go."] * 5  # untitled: the first pronoun after the name, five times she
+        + ["Pat said that he would go.", "Pat said that she would stay."] * 3  # 3 against 3: none
+        + ["Mr Green came.", "Mrs Green came."] * 2  # titles of both genders: a family, none
+        + ["Miss Kit came."]
+        + ["Kit said that he would go."] * 6  # the votes disagree: none
+        + ["Lou said she came."] * 4  # four pronouns: too few, none
+    )
+    found = genders(sentences, {"Brown", "Jane", "Pat", "Green", "Kit", "Lou"})
+    assert found == {"Brown": "he", "Jane": "she"}
     novel = read_novel("persuasion")
-    passage = natural_context._passage(tokenizer, random.Random("test"), novel, 8, 126, FIRST, 4, 2, least=4)
-    cast, invented, k = passage.cast, passage.invented, len(passage.cast)
-    assert k == 4 and len(set(cast)) == 4 and set(cast) <= novel.people and passage.original == cast[0]
-    assert len(set(invented)) == 4 and len(passage.pieces) == 4
-    assert passage.names == [invented[c] for c in range(k)]  # the main character (person 0) in copy c
-    documents = ["".join(pieces) for pieces in passage.pieces]
-    assert {names_in(d, invented) for d in documents} == {frozenset(invented)}  # the same set in every copy
-    assert len(set(documents)) == k  # yet the copies differ: who is called what
-    for document in documents:
-        assert not {w.lower() for w in cast} & words(document)  # no name of the cast is left
-    # Named back by its own assignment, every copy is the same text: the assignment is the only difference.
-    assert len({named_back(d, passage, c) for c, d in enumerate(documents)}) == 1
-    # Each person's name differs from copy to copy, a rotation: where copy 0 says invented[j], copy c says
-    # invented[(j + c) % k], occurrence by occurrence.
-    pattern = rf"\b(?:{'|'.join(invented)})\b"
-    first = [invented.index(n) for n in re.findall(pattern, documents[0])]
-    assert first and set(first) == set(range(k))
-    for c, document in enumerate(documents):
-        assert [invented.index(n) for n in re.findall(pattern, document)] == [(j + c) % k for j in first]
-    for chunk, distance, sentence in passage.facts:
-        texts = {pieces[chunk] for pieces in passage.pieces}
-        assert len(texts) == 1  # word for word the same in every copy
-        (text,) = texts
-        assert not names_in(text, invented) and not {w.lower() for w in cast} & words(text)
-        assert not set(re.findall(r"\b[A-Z][a-z]+\b", text)) & novel.people  # nobody else named either
-        assert sentence in text and distance == min(abs(chunk - m) for m in passage.mentions) >= 1
+    assert novel.genders["Anne"] == "she" and novel.genders["Wentworth"] == "he"
+    assert "Elliot" not in novel.genders and "Charles" not in novel.genders  # a family's name; Mrs Charles Musgrove
 
 
-def test_a_passage_with_fewer_people_than_copies_makes_as_many_copies_as_people(tokenizer):
+def test_two_copies_swap_a_she_and_a_he_and_the_fact_chunk_names_nobody(tokenizer):
     novel = read_novel("persuasion")
-    rng = random.Random("fewer")
-    sizes = {len(natural_context._passage(tokenizer, rng, novel, 4, 126, FIRST, 6, 1).pieces) for _ in range(12)}
-    assert min(sizes) >= 2 and max(sizes) <= 6 and len(sizes) > 1
-    chunks = [[("Anne walked on.", True)], [("She was tired.", True)], [("It was late.", True)]]
-    assert natural_context._cast(chunks, frozenset({"Anne"}), 4) == ["Anne"]  # one person: refused (fewer than 2)
+    for seed in range(4):
+        passage = natural_context._passage(tokenizer, random.Random(f"test{seed}"), novel, 8, 126, FIRST, 2, Counter())
+        cast, invented = passage.cast, passage.invented
+        assert [novel.genders[p] for p in cast] == ["she", "he"] and len(set(invented)) == COPIES == 2
+        assert max(passage.counts) <= 2 * min(passage.counts) and min(passage.counts) >= 1
+        documents = ["".join(pieces) for pieces in passage.pieces]
+        assert {names_in(d, invented) for d in documents} == {frozenset(invented)}  # the same names in both copies
+        assert len(set(documents)) == 2  # yet the copies differ: who is called what
+        for document in documents:
+            assert not {w.lower() for w in cast} & words(document)
+        assert len({named_back(d, passage, c) for c, d in enumerate(documents)}) == 1  # a swap, nothing else
+        for fact in passage.facts:
+            texts = {pieces[fact.chunk] for pieces in passage.pieces}
+            assert len(texts) == 1  # word for word the same in both copies
+            (text,) = texts
+            assert not names_in(text, invented) and not {w.lower() for w in cast} & words(text)
+            assert not set(re.findall(r"\b[A-Z][a-z]+\b", text)) & novel.names  # nobody named at all
+            assert pronoun_genders(text) == {novel.genders[cast[fact.subject]]}  # pronouns of one gender only
+            before = "".join(passage.pieces[0][: fact.chunk])
+            named = [w for w in re.findall(r"\b[A-Z][a-z]+\b", before) if w in set(invented) | novel.people]
+            nearest = cast[invented.index(named[-1])] if named[-1] in invented else named[-1]  # copy 0: A is X
+            assert nearest == cast[fact.subject if fact.nearest == "subject" else 1 - fact.subject]
+            assert fact.sentence in text
 
 
-def test_fact_chunks_about_the_main_character_are_asked_first():
-    chunks = [[("Anne walked in.", False)], [("She sat.", True)], [("Mary came.", True)], [("She spoke.", True)]]
-    about = natural_context._about(chunks, frozenset({"Anne", "Mary"}))
-    assert about == ["Anne", "Anne", "Mary", "Mary"]  # the nearest person named before the chunk (or in it)
-    distance = {1: 1, 3: 2}
-    preferred = {c for c in distance if about[c] == "Anne"}
-    assert natural_context._far_first(random.Random(0), [1, 3], distance, 1, preferred) == [1]  # not the farther
-    assert natural_context._far_first(random.Random(0), [1, 3], distance, 1) == [3]
-
-
-@pytest.mark.parametrize("length", [512, 2048])
-def test_the_evaluation_reads_persuasion_alone_and_asks_each_copy_by_its_name(tokenizer, length):
-    task = build_natural_task(tokenizer, length, 16, seed=0)
+def test_the_evaluation_reads_persuasion_alone_and_asks_each_fact_once_a_name(tokenizer):
+    task = build_natural_task(tokenizer, 1024, 16, seed=0)
     persuasion, training = flat("persuasion"), [flat(n) for n in NATURAL_TRAINING.haystacks]
     assert len(task.chunks) == 16 and task.queries
     for q in task.queries:
-        name = task.subjects[q.document]
-        assert name in FIRST and q.query.startswith(f"{name}: ")
-        assert name.lower() in words(task.documents[q.document])
         fact = task.chunks[q.document][q.chunk]
-        assert q.query.removeprefix(f"{name}: ") in fact
-        for sentence in SPLIT.split(" ".join(fact.split())):
-            assert sentence in persuasion and not any(sentence in t for t in training if len(sentence) > 40)
+        name, sentence = q.query.split(": ", 1)
+        assert name in FIRST and sentence in fact and q.template in ("nearest-subject", "nearest-other")
+        for s in SPLIT.split(" ".join(fact.split())):
+            assert s in persuasion and not any(s in t for t in training if len(s) > 40)
     for queries in groups(task).values():
-        assert len(queries) == COPIES and len({task.chunks[q.document][q.chunk] for q in queries}) == 1
-        names = {task.subjects[q.document] for q in queries}
-        assert len(names) == COPIES
-        for q in queries:  # every copy's query name stands in every copy's document
+        assert len(queries) == 2
+        a, b = queries
+        assert a.document // 2 == b.document // 2 and a.document != b.document  # the two copies, one answer each
+        assert a.chunk == b.chunk and a.template == b.template
+        assert task.chunks[a.document][a.chunk] == task.chunks[b.document][b.chunk]
+        names = {q.query.split(": ")[0] for q in queries}
+        assert len(names) == 2 and len({q.query.split(": ", 1)[1] for q in queries}) == 1
+        for q in queries:  # both names stand in both copies, neither in the fact chunk
             assert {n.lower() for n in names} <= words(task.documents[q.document])
             assert not {n.lower() for n in names} & words(task.chunks[q.document][q.chunk])
     for pieces in task.chunks:
-        assert len(tokenizer("".join(pieces), verbose=False)["input_ids"]) <= length
+        assert len(tokenizer("".join(pieces), verbose=False)["input_ids"]) <= 1024
         assert all(len(tokenizer(p, verbose=False)["input_ids"]) <= 128 for p in pieces)
-    assert build_natural_task(tokenizer, length, 16, 0).fingerprint() == task.fingerprint()
-    assert build_natural_task(tokenizer, length, 16, 1).fingerprint() != task.fingerprint()
+    assert build_natural_task(tokenizer, 1024, 16, 0).fingerprint() == task.fingerprint()
+    assert build_natural_task(tokenizer, 1024, 16, 1).fingerprint() != task.fingerprint()
 
 
-def test_training_rows_never_read_persuasion_and_name_copies_apart_from_the_evaluation(tokenizer):
+def test_training_rows_never_read_persuasion_and_hold_both_copies_in_a_group(tokenizer):
     assert "persuasion" not in NATURAL_TRAINING.haystacks
     assert not {n.lower() for n in NATURAL_TRAINING.names} & {w.lower() for w in FIRST + LAST}
     rows = context_rows(tokenizer, [512], 8, seed=0, chunk_tokens=128, group=4, source="natural")
     persuasion = flat("persuasion")
     for g in range(2):
         label, documents, queries = (rows[c][4 * g : 4 * g + 4] for c in ("label", "document", "query"))
-        names = [q.split(": ")[0] for q in queries]
-        assert len(set(names)) == 4 and len(set(documents)) == 4 and len({q.split(": ", 1)[1] for q in queries}) == 1
-        facts = set()
-        for name, document, row in zip(names, documents, label):
-            assert name in NATURAL_TRAINING.names and name.lower() in words(document)
-            assert {n.lower() for n in names} <= words(document)  # the same names in every copy, assigned apart
-            encoded = tokenizer(document, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
-            start, end = row[2 + 2 * row[0]], row[3 + 2 * row[0]]
-            facts.add(document[encoded["offset_mapping"][start][0] : encoded["offset_mapping"][end - 1][1]])
-        (fact,) = facts  # the same chunk text in the group's four copies
-        assert not {n.lower() for n in names} & words(fact)
-        assert not any(s in persuasion for s in SPLIT.split(" ".join(fact.split())) if len(s) > 40)
+        for pair in ((0, 1), (2, 3)):  # a passage's two copies, side by side in the batch
+            names = [queries[i].split(": ")[0] for i in pair]
+            assert len(set(names)) == 2 and len({queries[i].split(": ", 1)[1] for i in pair}) == 1
+            assert len({documents[i] for i in pair}) == 2
+            facts = set()
+            for i in pair:
+                assert names[pair.index(i)] in NATURAL_TRAINING.names
+                assert {n.lower() for n in names} <= words(documents[i])  # both names in both copies
+                encoded = tokenizer(documents[i], add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+                row = label[i]
+                start, end = row[2 + 2 * row[0]], row[3 + 2 * row[0]]
+                facts.add(documents[i][encoded["offset_mapping"][start][0] : encoded["offset_mapping"][end - 1][1]])
+            (fact,) = facts  # the same chunk text in both copies
+            assert not {n.lower() for n in names} & words(fact) and len(pronoun_genders(fact)) == 1
+            assert not any(s in persuasion for s in SPLIT.split(" ".join(fact.split())) if len(s) > 40)
 
 
 def reference_fact_accuracy(task, queries: torch.Tensor, chunks: list[torch.Tensor]) -> float:
@@ -195,32 +199,52 @@ def test_the_scorer_against_a_reference_on_hand_made_vectors(tokenizer):
     assert settings["chance"]["fact_accuracy"] == [1 / COPIES] and settings["haystacks"] == ["persuasion"]
 
 
-def test_an_oracle_that_knows_only_which_names_a_document_holds_is_at_chance(tokenizer):
-    task = build_natural_task(tokenizer, 1024, 16, seed=3)
-    every = sorted(set(task.subjects))
-    for queries in groups(task).values():  # within a passage each copy's main character has its own name
-        assert len({task.subjects[q.document] for q in queries}) == COPIES
-    bag = lambda text: torch.tensor([float(n.lower() in words(text)) for n in every])  # noqa: E731
-    chunks = [torch.stack([bag(task.documents[d])] * len(task.chunks[d])) for d in range(len(task.chunks))]
-    queries = torch.stack([bag(q.query.split(": ")[0]) for q in task.queries])
-    row = ContextRow(None)
-    _score_into(row, queries, chunks, task)
-    assert row.fact_accuracy[0] == pytest.approx(1 / COPIES)
-    assert row.fact_accuracy[0] == pytest.approx(reference_fact_accuracy(task, queries, chunks))
-    # Knowing whom the chunk is about (the main character's name in its copy) is what answers.
-    knows = [torch.stack([bag(task.subjects[d])] * len(task.chunks[d])) for d in range(len(task.chunks))]
-    row = ContextRow(None)
-    _score_into(row, queries, knows, task)
-    assert row.fact_accuracy[0] == pytest.approx(1.0)
+def test_oracles_that_ignore_whom_the_pronouns_mean_are_at_chance_and_one_that_knows_is_right(tokenizer):
+    task = build_natural_task(tokenizer, 512, 120, seed=3)
+    every = sorted({q.query.split(": ")[0] for q in task.queries})
+    onehot = lambda names: torch.tensor([float(n in names) for n in every]) + 1e-3  # noqa: E731  (never all zero)
+
+    def score(vector_of) -> float:
+        chunks = [torch.stack([vector_of(d, c) for c in range(len(task.chunks[d]))]) for d in range(len(task.chunks))]
+        queries = torch.stack([onehot({q.query.split(": ")[0]}) for q in task.queries])
+        row = ContextRow(None)
+        _score_into(row, queries, chunks, task)
+        assert row.fact_accuracy[0] == pytest.approx(reference_fact_accuracy(task, queries, chunks))
+        return row.fact_accuracy[0]
+
+    def found(text: str) -> list[str]:
+        return [w for w in re.findall(r"\b[A-Z][a-z]+\b", text) if w in every]
+
+    def most_frequent(d, c):
+        counts = Counter(found(task.documents[d]))
+        return onehot({n for n in counts if counts[n] == max(counts.values())})
+
+    def nearest(d, c):
+        before = found("".join(task.chunks[d][:c]))
+        return onehot({before[-1]} if before else set())
+
+    def subject(d, c):  # the pair's person of the chunk's pronoun gender, by its name in this copy
+        she = task.subjects[d]  # the pair's she in copy d
+        he = next(n for n in set(found(task.documents[d])) if n != she)
+        gender = pronoun_genders(task.chunks[d][c])
+        return onehot({she} if gender == {"she"} else {he} if gender == {"he"} else set())
+
+    queries = len(task.queries)
+    assert queries >= 100
+    assert score(lambda d, c: onehot(set(found(task.documents[d])))) == 0.5  # which names: a tie, always
+    assert score(nearest) == pytest.approx(0.5, abs=0.15)  # balanced by construction, within a lead of 2 facts
+    assert abs(score(most_frequent) - 0.5) <= 0.25  # steered, not held (reported by the measurement)
+    assert score(subject) == 1.0
 
 
 def test_stock_chunks_are_at_chance_among_the_copies(minilm_path):
     stock = st.SentenceTransformer(minilm_path, device="cpu")
-    results = evaluate_context({"minilm": stock}, [384], 16, progress=False, task="natural-context-retrieval")
+    results = evaluate_context({"minilm": stock}, [512], 16, progress=False, task="natural-context-retrieval")
     chunks = results.rows["minilm chunks"]
-    n = len(chunks.fact_hits[0])
-    assert abs(chunks.fact_accuracy[0] - 1 / COPIES) <= 3 * math.sqrt(3 / 16 / n) + 1e-9
-    assert "natural-reference retrieval" in results.table("fact_accuracy")
+    assert chunks.fact_accuracy[0] == 0.5  # the fact chunk is the same words in both copies: a tie, always
+    table = results.table("fact_accuracy")
+    assert "natural-reference retrieval" in table and "nearest name: the other" in table
+    assert sum(results.settings["nearest"]["512"].values()) == len(chunks.fact_hits[0])
 
 
 def test_an_embedding_recipe_trains_on_natural_context_pairs(tiny_st, text_file, tmp_path):  # noqa: F811
@@ -254,8 +278,8 @@ def test_a_bad_context_source_is_one_line(tiny_st, text_file, tmp_path, capsys, 
 def test_bad_natural_flags_are_one_line_before_any_model_loads(tmp_path, capsys):
     out = tmp_path / "eval"
     code = cli.main(
-        ["eval", "no/such-model", "--task", "natural-context-retrieval", "--documents", "4", "--out", str(out)]
+        ["eval", "no/such-model", "--task", "natural-context-retrieval", "--documents", "2", "--out", str(out)]
     )
     assert code == 2
-    assert "documents must be a whole number from 8 to 400" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert "documents must be a whole number from 4 to 400" in capsys.readouterr().err.strip().splitlines()[-1]
     assert not out.exists()

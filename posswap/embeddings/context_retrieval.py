@@ -13,7 +13,8 @@ answer the query's question in every document (``fact_accuracy``: a model blind 
 documents of that kind), and the fact's document first by its best chunk (``document_accuracy``).
 
 ``task="natural-context-retrieval"`` scores the natural-reference task (:mod:`.natural_context`: a real passage of
-*Persuasion* in copies under other names) the same way: its fact accuracy is among the copies' fact chunks.
+*Persuasion* in two copies, two people's invented names swapped) the same way: its fact accuracy is between the two
+copies' fact chunks (chance one in two), also on the facts whose nearest preceding name is the other person's.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ DEFAULT_CHUNK_TOKENS = 128
 DISTANCE_BUCKETS = ((1, 1), (2, 3), (4, 7), (8, 15), (16, 1 << 30))
 # posswap eval's --task -> the task's documents: invented subjects (context_task) or renamed real passages
 CONTEXT_TASKS = ("context-retrieval", "natural-context-retrieval")
-NATURAL_MOST_DOCUMENTS = 400  # 100 passages in 4 copies
+NATURAL_MOST_DOCUMENTS = 400  # 200 passages in 2 copies
 
 
 @dataclass
@@ -94,6 +95,15 @@ class ContextResults:
             groups.setdefault(_group(query, key), []).append(hit)
         return {name: sum(h) / len(h) for name, h in sorted(groups.items())}
 
+    def fact_by_template(self, row: str, length: int) -> dict[str, tuple[float, int]]:
+        """Fact accuracy per ``template`` (the natural task: ``nearest-subject``, ``nearest-other``) at one length,
+        with each template's query count."""
+        i = self.lengths.index(length)
+        groups: dict[str, list[float]] = {}
+        for hit, query in zip(self.rows[row].fact_hits[i], self.settings["queries"][str(length)]):
+            groups.setdefault(query["template"], []).append(hit)
+        return {name: (sum(h) / len(h), len(h)) for name, h in sorted(groups.items())}
+
     def table(self, metric: str = "accuracy") -> str:
         """Markdown: a row per length, a column per row of the task, ``metric`` ± its standard error."""
         error = {"accuracy": "stderr", "fact_accuracy": "fact_stderr"}.get(metric)
@@ -109,7 +119,23 @@ class ContextResults:
             f"chunks of at most {self.chunk_tokens} tokens, seed {self.seed}"
             + (f"; chance {', '.join(f'{c:.3f}' for c in chance)}." if chance else "."),
         ]
+        if metric == "fact_accuracy" and self.settings.get("task") == CONTEXT_TASKS[1]:
+            lines += ["", *self._subsets()]
         return "\n".join(lines)
+
+    def _subsets(self) -> list[str]:
+        """The natural task's fact accuracy where the nearest name before the fact chunk is the other person of the
+        pair (a chunk that soaks up its nearest name is wrong on all of them) and where it is the subject."""
+        names = {"nearest-other": "nearest name: the other", "nearest-subject": "nearest name: the subject"}
+        lines = ["| tokens | subset (queries) | " + " | ".join(self.rows) + " |", "|---|---|" + "---|" * len(self.rows)]
+        for length in self.lengths:
+            per_row = {row: self.fact_by_template(row, length) for row in self.rows}
+            for template, label in names.items():
+                n = next(iter(per_row.values())).get(template, (0.0, 0))[1]
+                cells = [f"{per_row[r].get(template, (float('nan'), 0))[0]:.2f}" for r in self.rows]
+                lines.append(f"| {length} | {label} ({n}) | " + " | ".join(cells) + " |")
+        lines += ["", "natural-reference retrieval, fact accuracy by the nearest person named before the fact chunk."]
+        return lines
 
 
 def _cell(value: float, error: float | None) -> str:
@@ -336,15 +362,20 @@ def _settings(tasks: list[ContextTask], task: str = CONTEXT_TASKS[0]) -> dict:
 
 def _natural_settings(tasks: list[ContextTask]) -> dict:
     """What the natural-reference task's results say of themselves in place of the context task's: its haystack,
-    its copies (fact accuracy's chance: one in them), and the table's caption."""
+    its copies (fact accuracy's chance: one in them), its balance of nearest names, and the table's caption."""
     passages = len(tasks[0].chunks) // COPIES
     return {
         "task": CONTEXT_TASKS[1],
         "title": "natural-reference retrieval",
-        "made": f"{passages * COPIES} documents a length ({passages} passages x {COPIES} copies, each renamed)",
+        "made": f"{passages * COPIES} documents a length ({passages} passages x {COPIES} copies, two people's "
+        "invented names swapped), each fact chunk asked once a name",
         "haystacks": list(EVALUATION_SOURCE.haystacks),
-        "templates": ["natural"],
+        "templates": ["nearest-subject", "nearest-other"],
         "copies": COPIES,
+        "nearest": {
+            str(t.length): {k: sum(q.template == f"nearest-{k}" for q in t.queries) for k in ("subject", "other")}
+            for t in tasks
+        },
         "chance": {
             "accuracy": [1 / sum(len(p) for p in t.chunks) for t in tasks],
             "fact_accuracy": [1 / COPIES],

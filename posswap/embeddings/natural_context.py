@@ -1,22 +1,30 @@
-"""The natural-reference task: the same real passage under the same names differently assigned, so that only
-context decides.
+"""The natural-reference task: the same real passage with two people's names swapped, so that only knowing whom a
+chunk's pronouns refer to decides.
 
 A document is a natural stretch of a novel (no inserted sentence), cut into chunks at sentence ends within
-``chunk_tokens`` as the context task cuts its haystacks (:mod:`.context_task`). Its K most-mentioned people (K =
-``copies``; the main character, the most mentioned, first) get K invented given names, and copy c calls person i
-``names[(i + c) % K]``: a rotation, so every copy holds the same set of names and each person's name differs from
-copy to copy. A fact chunk is one that names nobody at all (pronouns and descriptions only): it is word for word the
-same in every copy. The query is the main character's name in the copy and a sentence of the fact chunk ("Wren: She
-had been forced into prudence in her youth..."): every copy's document holds every copy's query name, so neither a
-chunk read alone nor one that only picks up which names its document holds tells the copies apart (both at chance,
-one in K); only knowing whom the chunk is about (the main character, through pronouns and context) does. The other
-chunks of the document are in-sequence negatives (ConTEB / InSeNT, arXiv 2505.24782). Of a passage's fact chunks,
-those about the main character by a simple rule (the nearest person the original passage names before the chunk is
-the main character) are asked first, then those farthest from a mention of the main character (each query keeps
-that distance, in chunks).
+``chunk_tokens`` as the context task cuts its haystacks (:mod:`.context_task`). Two people of the passage, A (she)
+and B (he), mentioned about as often (within twice each other's count), get two invented given names X and Y: copy 0
+calls A X and B Y, copy 1 calls A Y and B X; every other person keeps their name. Both copies hold the same names,
+and since A and B are mentioned about as often, neither the names a document holds nor its most frequent name tells
+the copies apart. A fact chunk names nobody and its pronouns are all of one gender (only she/her/hers/herself or only
+he/him/his/himself): it is about that gender's person of the pair (and the nearest person of that gender the passage
+names before it is that person). It is word for word the same in both copies. Each fact chunk is asked twice, "X:
+<a sentence of it>" and "Y: <the same sentence>": for a she-chunk copy 0 answers X (A is X there) and copy 1 answers
+Y, so each copy is the answer once per chunk: a rule that reads only which names a document holds is at chance
+(one in two). The nearest person named before a fact chunk is the subject for about half of the facts asked and the
+other person of the pair for the rest (``template``: ``nearest-subject`` or ``nearest-other``): a chunk that soaks
+up its nearest name is near chance too. The subject's gender and whether the subject is the pair's more mentioned
+person are steered towards even but not held (:func:`_pick`): a rule "the query names the heroine" or "the query
+names the more mentioned" scores what share of the facts are about her, or about the more mentioned.
+
+The gender of a person (:func:`genders`), a fixed rule: a person whose name follows gendered titles of one gender
+only (Mr Sir Captain Admiral Colonel Lord: he; Mrs Miss Lady: she) is that gender; one that follows titles of both
+(a family name: Mr and Mrs Croft) has none; an untitled one is the gender of the first pronoun after the name in the
+same sentence, counted over the whole novel, where that gender's count is at least three and at least twice the
+other's; else none.
 
 The result is a :class:`~.context_task.ContextTask`: the context task's scorer reads it unchanged, a question's
-``relation`` naming its passage and chunk, so "the chunks that answer the same question" are the copies' fact
+``relation`` naming its passage and chunk, so "the chunks that answer the same question" are the two copies' fact
 chunks. The evaluation reads held-out *Persuasion* and names people from the context task's first names; training
 (:mod:`.training.context`) reads the recipe's Austen novels and names made of syllables. Seeded with strings.
 """
@@ -33,21 +41,29 @@ from ..data.splits import HELDOUT_DOCUMENTS
 from .context_task import FIRST, ContextQuery, ContextTask, _sentences
 from .retrieval_tasks import special_tokens
 
-COPIES = 4  # copies of each passage in the evaluation: fact accuracy's chance is one in this
-FACTS = 2  # fact chunks asked of a passage where it has that many
-ATTEMPTS = 200  # passage starts tried before a length is refused as holding no fact chunk
+COPIES = 2  # copies of each passage: fact accuracy's chance is one in this
+FACTS = 2  # fact chunks asked of a passage where it has that many (each asked twice, once a name)
+ATTEMPTS = 6000  # passage starts tried before a length is refused as holding no fact chunk
+LEAD = 2  # the most facts by which nearest-subject may lead nearest-other, or trail it
 TITLES = "Mr Mrs Miss Sir Lady Lord Captain Colonel Admiral Dr Master".split()
+TITLE_GENDER = {"Mr": "he", "Sir": "he", "Lord": "he", "Captain": "he", "Admiral": "he", "Colonel": "he"} | {
+    "Mrs": "she",
+    "Miss": "she",
+    "Lady": "she",
+}
+PRONOUNS = {w: "she" for w in ("she", "her", "hers", "herself")} | {w: "he" for w in ("he", "him", "his", "himself")}
 SPEECH = "said cried replied answered exclaimed continued added returned asked".split()
 WORD = re.compile(r"[A-Za-z]+")
 CAPITAL = re.compile(r"\b[A-Z][a-z]+\b")
 MID_SENTENCE = re.compile(r"(?<=[a-z,;] )[A-Z][a-z]+\b")  # capitalised where a sentence does not start
 AFTER_TITLE = re.compile(rf"\b(?:{'|'.join(TITLES)})\.? ([A-Z][a-z]+)\b")
+GENDERED_TITLE = re.compile(rf"\b({'|'.join(TITLE_GENDER)})\.? ([A-Z][a-z]+)\b")
 BESIDE_SPEECH = re.compile(rf"\b(?:{'|'.join(SPEECH)}) ([A-Z][a-z]+)\b|\b([A-Z][a-z]+),? (?:{'|'.join(SPEECH)})\b")
 
 
 @dataclass(frozen=True)
 class NaturalSource:
-    """Where documents come from and what a copy's main character is renamed to."""
+    """Where documents come from and what the pair of a passage is renamed to."""
 
     haystacks: tuple[str, ...]  # embedded documents (novels), in turn
     names: tuple[str, ...]  # one-word invented given names
@@ -62,34 +78,91 @@ class Novel:
     names: frozenset[str]  # proper nouns: capitalised mid-sentence or after a title, (almost) never lowercase
     people: frozenset[str]  # of those, the ones a speech verb or a title stands next to
     vocabulary: frozenset[str]  # every word, lowercase: an invented name must be none of them
+    genders: dict[str, str]  # person -> "she" or "he" (:func:`genders`); people of no clear gender left out
+
+
+@dataclass(frozen=True)
+class Fact:
+    chunk: int  # the fact chunk (the same in both copies)
+    subject: int  # whom its pronouns mean: 0 (the pair's she, A) or 1 (its he, B)
+    nearest: str  # "subject" or "other": the pair person the passage names last before the chunk
+    distance: int  # chunks to the nearest chunk that names the subject
+    sentence: str  # the query's sentence, one of the chunk's
 
 
 @dataclass(frozen=True)
 class Passage:
     pieces: list[list[str]]  # per copy, its chunks (joined: the document)
-    names: list[str]  # per copy, the main character's name in it (the query's)
-    original: str  # the name the novel gives the main character
-    mentions: list[int]  # chunks that name the main character
-    facts: list[tuple[int, int, str]]  # (fact chunk, chunks to the nearest mention, the query's sentence)
-    cast: list[str]  # the names the novel gives the people renamed, the main character first
-    invented: list[str]  # their invented names: in copy c, cast[i] is invented[(i + c) % len(cast)]
-    about_main: list[bool]  # per fact, whether the nearest person named before it is the main character
+    cast: list[str]  # the pair's names in the novel: A (she), then B (he)
+    invented: list[str]  # X, Y: copy 0 calls A X and B Y, copy 1 calls A Y and B X
+    mentions: list[list[int]]  # per pair person, the chunks that name them
+    counts: list[int]  # per pair person, their mentions in the passage
+    facts: list[Fact]
+
+    def name(self, person: int, copy: int) -> str:
+        """What ``copy`` calls cast[``person``]."""
+        return self.invented[(person + copy) % COPIES]
+
+    def answer(self, fact: Fact, name: str) -> int:
+        """The copy whose subject of ``fact`` is called ``name``."""
+        return (self.invented.index(name) - fact.subject) % COPIES
 
 
 @functools.lru_cache(maxsize=8)
 def read_novel(haystack: str) -> Novel:
     """A novel's paragraphs and its names, by a fixed rule: a word capitalised mid-sentence (or after a title) at
     least twice and lowercase at most once in twenty times is a name; a name beside a speech verb or after a title
-    three times is a person's (titles themselves are names, never people)."""
+    three times is a person's (titles themselves are names, never people); the people's genders by :func:`genders`."""
     paragraphs = _sentences(haystack)
     text = "\n".join(" ".join(p) for p in paragraphs)
     lower = Counter(w for w in WORD.findall(text) if w.islower())
     capital = Counter(MID_SENTENCE.findall(text)) + Counter(AFTER_TITLE.findall(text))
     names = {w for w, n in capital.items() if n >= 2 and 20 * lower[w.lower()] <= n}
     near = Counter(a or b for a, b in BESIDE_SPEECH.findall(text)) + Counter(AFTER_TITLE.findall(text))
-    people = {w for w in names - set(TITLES) if near[w] >= 3}
+    people = frozenset(w for w in names - set(TITLES) if near[w] >= 3)
     vocabulary = {w.lower() for w in WORD.findall(text)}
-    return Novel(paragraphs, frozenset(names), frozenset(people), frozenset(vocabulary))
+    found = genders([s for p in paragraphs for s in p], people)
+    return Novel(paragraphs, frozenset(names), people, frozenset(vocabulary), found)
+
+
+def genders(sentences: list[str], people) -> dict[str, str]:
+    """Person -> "she" or "he", by a fixed rule of two votes counted over ``sentences``. Titles: the gendered titles
+    just before the name (Mr Sir Lord Captain Admiral Colonel: he; Mrs Miss Lady: she) vote for a gender holding at
+    least four times the other's count. Pronouns: the first of she/her/hers/herself or he/him/his/himself within the
+    five words after the name in its sentence vote for a gender holding at least 5 and twice the other's count. A
+    person is the gender the votes give, none where they disagree (Mrs Charles Musgrove is Mary, Charles is a he)
+    or neither gives one (a family's name: Mr and Miss Elliot); people of none are left out."""
+    titled = {p: Counter() for p in people}
+    after = {p: Counter() for p in people}
+    for sentence in sentences:
+        for title, name in GENDERED_TITLE.findall(sentence):
+            if name in titled:
+                titled[name][TITLE_GENDER[title]] += 1
+        words = WORD.findall(sentence)
+        for i, word in enumerate(words):
+            if word in after:
+                first = next((PRONOUNS[w.lower()] for w in words[i + 1 : i + 6] if w.lower() in PRONOUNS), None)
+                if first:
+                    after[word][first] += 1
+    found = {}
+    for person in people:
+        if person.endswith("s") and person[:-1] in people:  # the Musgroves: a family
+            continue
+        title = _dominant(titled[person], 4, 1)
+        if min(titled[person]["she"], titled[person]["he"]) >= 3 or title is None and len(+titled[person]) == 2:
+            continue
+        votes = {title, _dominant(after[person], 2, 5)} - {None}
+        if len(votes) == 1:
+            found[person] = votes.pop()
+    return found
+
+
+def _dominant(counts: Counter, times: int, least: int) -> str | None:
+    """The gender of ``counts`` with at least ``least`` and ``times`` the other's count, if one has."""
+    she, he = counts["she"], counts["he"]
+    if max(she, he) >= least and max(she, he) >= times * min(she, he):
+        return "she" if she > he else "he"
+    return None
 
 
 def build_natural_task(
@@ -99,93 +172,176 @@ def build_natural_task(
     seed: int,
     chunk_tokens: int = 128,
     source: NaturalSource = EVALUATION_SOURCE,
-    copies: int = COPIES,
     facts: int = FACTS,
-    least: int | None = None,
 ) -> ContextTask:
-    """``documents // copies`` passages of at most ``length`` tokens (special tokens counted), each in as many
-    copies (consecutive documents) as it has people cast: ``copies``, or no fewer than ``least`` (default
-    ``copies``: the scorer counts ``copies`` a passage), in chunks of at most ``chunk_tokens``; per copy a query per
-    fact chunk, naming the main character by its name in that copy."""
-    rng = random.Random(f"posswap-natural-context-{length}-{chunk_tokens}-{copies}-{seed}-{'-'.join(source.haystacks)}")
+    """``documents // 2`` passages of at most ``length`` tokens (special tokens counted), each in two copies
+    (consecutive documents) in chunks of at most ``chunk_tokens``; per fact chunk two queries, one a name of the
+    pair, answered by different copies. A query's ``template`` is ``nearest-subject`` or ``nearest-other`` (whom the
+    passage names last before the fact chunk); the facts asked are balanced on that, on the subject's gender and on
+    whether the subject is the pair's more mentioned person (:func:`_pick`)."""
+    rng = random.Random(f"posswap-natural-context-{length}-{chunk_tokens}-{COPIES}-{seed}-{'-'.join(source.haystacks)}")
     special = special_tokens(tokenizer)
     budget = chunk_tokens - special
     count = (length - special) // budget
     chunks, subjects, naming, queries = [], [], [], []
-    for p in range(documents // copies):
-        novel = read_novel(source.haystacks[p % len(source.haystacks)])
-        passage = _passage(tokenizer, rng, novel, count, budget, source.names, copies, facts, least or copies)
-        for name, pieces in zip(passage.names, passage.pieces):
-            for chunk, distance, sentence in passage.facts:
-                relation = f"passage {p} chunk {chunk}"  # the question every copy of the passage is asked
-                queries.append(ContextQuery(f"{name}: {sentence}", len(chunks), chunk, relation, "natural", distance))
+    lead: Counter = Counter()
+    for p in range(documents // COPIES):
+        passage = _from_any(tokenizer, rng, source, p, count, budget, facts, lead)
+        first = len(chunks)
+        for copy, pieces in enumerate(passage.pieces):
             chunks.append(pieces)
-            subjects.append(name)
-            naming.append(passage.mentions[0])
+            subjects.append(passage.name(0, copy))  # the pair's she in this copy
+            naming.append(min(passage.mentions[0]))
+        for fact in passage.facts:
+            relation = f"passage {p} chunk {fact.chunk}"  # the question both copies answer, one a name
+            for name in passage.invented:
+                document = first + passage.answer(fact, name)
+                template = f"nearest-{fact.nearest}"
+                queries.append(
+                    ContextQuery(f"{name}: {fact.sentence}", document, fact.chunk, relation, template, fact.distance)
+                )
     return ContextTask(length, chunk_tokens, chunks, subjects, naming, queries)
 
 
-def _passage(
-    tokenizer, rng, novel: Novel, count: int, budget: int, names, copies: int, facts: int, least: int = 2
-) -> Passage:
-    """A passage from a random paragraph on with at least ``least`` people (at most ``copies`` of them cast, the
-    most mentioned) and at least one chunk that names nobody: as many copies as people cast, the cast's invented
-    names rotated among them from copy to copy (:func:`_rotated`)."""
+def _from_any(tokenizer, rng, source: NaturalSource, p: int, count: int, budget: int, facts: int, lead: Counter):
+    """Passage ``p`` from the source's novels in turn; a novel that holds none (too few gendered pairs at this
+    length) passes to the next; the last one's refusal where none holds one."""
+    haystacks = source.haystacks
+    for k in range(len(haystacks)):
+        try:
+            novel = read_novel(haystacks[(p + k) % len(haystacks)])
+            return _passage(tokenizer, rng, novel, count, budget, source.names, facts, lead)
+        except ValueError:
+            if k == len(haystacks) - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _passage(tokenizer, rng, novel: Novel, count: int, budget: int, names, facts: int, lead: Counter) -> Passage:
+    """A passage from a random paragraph on with a pair (:func:`_pairs`) and a fact chunk about one of them
+    (:func:`_facts`) that keeps the task's balance (``lead``, updated): two copies, the pair's names swapped."""
     allowed = [n for n in names if n.lower() not in novel.vocabulary]
     for _ in range(ATTEMPTS):
         start = rng.randrange(len(novel.paragraphs))
         plain = _pack(tokenizer, novel.paragraphs, start, count, budget, lambda s: [s])
-        cast = _cast(plain, novel.people, copies) if plain else []
-        if len(cast) < max(2, least) or not any(_names_nobody(chunk, novel) for chunk in plain):  # cheap first
+        if not plain or not any(_gender_of(chunk, novel) for chunk in plain):  # cheap first
             continue
-        chosen = rng.sample(allowed, len(cast))
-        rename = _rotated(cast, chosen)
-        renamed = lambda s, rename=rename: [r(s) for r in rename]  # noqa: E731
-        body = _pack(tokenizer, novel.paragraphs, start, count, budget, renamed)  # each copy's chunks in budget
-        mention = re.compile(rf"\b{cast[0]}\b")
-        mentions = [c for c, chunk in enumerate(body or []) if any(mention.search(s) for s, _ in chunk)]
-        nameless = [c for c, chunk in enumerate(body or []) if mentions and _names_nobody(chunk, novel)]
-        if not nameless:
-            continue
-        distance = {c: min(abs(c - m) for m in mentions) for c in nameless}
-        about = _about(body, novel.people)
-        picked = _far_first(rng, nameless, distance, facts, preferred={c for c in nameless if about[c] == cast[0]})
-        pieces = [_joined([[(r(s), e) for s, e in chunk] for chunk in body]) for r in rename]
-        asked = [(c, distance[c], _sentence_of(rng, body[c])) for c in picked]
-        main_names = [chosen[c % len(cast)] for c in range(len(cast))]
-        return Passage(
-            pieces, main_names, cast[0], mentions, asked, cast, chosen, [about[c] == cast[0] for c in picked]
-        )
+        for pair in _pairs(plain, novel):
+            if not _facts(plain, novel, pair):
+                continue
+            chosen = rng.sample(allowed, COPIES)
+            rename = _rotated(list(pair), chosen)
+            renamed = lambda s, rename=rename: [r(s) for r in rename]  # noqa: E731
+            body = _pack(tokenizer, novel.paragraphs, start, count, budget, renamed)  # each copy's chunks in budget
+            counts = _counts(body or [], novel.people)
+            if not body or not _similar(counts[pair[0]], counts[pair[1]]):
+                continue
+            picked = _pick(rng, _facts(body, novel, pair), counts[pair[0]], counts[pair[1]], facts, lead)
+            if not picked:
+                continue
+            mentions = [[c for c, chunk in enumerate(body) if any(_names(s, who) for s, _ in chunk)] for who in pair]
+            asked = [
+                Fact(c, subject, nearest, min(abs(c - m) for m in mentions[subject]), _sentence_of(rng, body[c]))
+                for c, subject, nearest in picked
+            ]
+            pieces = [_joined([[(r(s), e) for s, e in chunk] for chunk in body]) for r in rename]
+            return Passage(pieces, list(pair), chosen, mentions, [counts[pair[0]], counts[pair[1]]], asked)
     raise ValueError(
-        f"no passage of {count} chunks names {max(2, least)} people and holds a chunk that names nobody; try shorter."
+        f"no passage of {count} chunks names a she and a he about as often and holds a chunk about one of them that "
+        "names nobody; try longer."
     )
 
 
-def _cast(chunks: list[list[tuple]], people: frozenset[str], most: int) -> list[str]:
-    """The ``most`` persons' names the passage mentions most (ties: alphabetically first), the main character first."""
-    counts = Counter(w for chunk in chunks for s, _ in chunk for w in CAPITAL.findall(s) if w in people)
-    return sorted(counts, key=lambda w: (-counts[w], w))[:most]
+def _names(sentence: str, person: str) -> bool:
+    return person in CAPITAL.findall(sentence)
+
+
+def _counts(chunks: list[list[tuple]], people) -> Counter:
+    """Each person's mentions in the passage."""
+    return Counter(w for chunk in chunks for s, _ in chunk for w in CAPITAL.findall(s) if w in people)
+
+
+def _similar(a: int, b: int) -> bool:
+    return a >= 1 and b >= 1 and max(a, b) <= 2 * min(a, b)
+
+
+def _pairs(chunks: list[list[tuple]], novel: Novel) -> list[tuple[str, str]]:
+    """(she, he) pairs of people the passage mentions within twice each other's count, the most mentioned first
+    (by the fewer of the two mentions, then the more, then alphabetically)."""
+    counts = _counts(chunks, novel.people)
+    she = [p for p in counts if novel.genders.get(p) == "she"]
+    he = [p for p in counts if novel.genders.get(p) == "he"]
+    pairs = [(a, b) for a in she for b in he if _similar(counts[a], counts[b])]
+    return sorted(pairs, key=lambda p: (-min(counts[p[0]], counts[p[1]]), -max(counts[p[0]], counts[p[1]]), p))
+
+
+def _gender_of(chunk: list[tuple], novel: Novel) -> str | None:
+    """ "she" or "he" for a chunk that names nobody and whose pronouns are all of that gender; else None."""
+    if not _names_nobody(chunk, novel):
+        return None
+    found = {PRONOUNS[w.lower()] for s, _ in chunk for w in WORD.findall(s) if w.lower() in PRONOUNS}
+    return next(iter(found)) if len(found) == 1 else None
+
+
+def _facts(chunks: list[list[tuple]], novel: Novel, pair: tuple[str, str]) -> list[tuple[int, int, str]]:
+    """(chunk, subject, nearest) per fact chunk about the pair: it names nobody, its pronouns are of one gender
+    only, the person of that gender the passage names last before it is the pair's, and the person it names last
+    before it (of any gender) is one of the pair: ``nearest`` says which ("subject" or "other")."""
+    found, last, last_of = [], None, {}
+    for c, chunk in enumerate(chunks):
+        gender = _gender_of(chunk, novel)
+        if gender is not None:
+            subject = 0 if gender == "she" else 1
+            if last_of.get(gender) == pair[subject] and last in pair:
+                found.append((c, subject, "subject" if last == pair[subject] else "other"))
+        for s, _ in chunk:
+            for person in (w for w in CAPITAL.findall(s) if w in novel.people):
+                last = person
+                if person in novel.genders:
+                    last_of[novel.genders[person]] = person
+    return found
+
+
+def _pick(rng: random.Random, found: list, she: int, he: int, most: int, lead: Counter) -> list:
+    """At most ``most`` of ``found`` (in a seeded order), each the one that brings the task's leads nearest to
+    even: ``nearest`` (subject - other), ``gender`` (she - he) and ``frequent`` (the subject mentioned more than the
+    other person of the pair - less); taken only where ``nearest`` stays within :data:`LEAD` (``gender`` and
+    ``frequent`` are only steered: Persuasion's chunks that name nobody are mostly about its heroine, the more
+    mentioned, and holding them too refuses most passages). ``lead`` is updated."""
+    order, taken = rng.sample(found, len(found)), []
+    while order and len(taken) < most:
+        best = min(order, key=lambda f: sum(abs(v) for v in _add(lead, _signs(f, she, he)).values()))
+        order.remove(best)
+        after = _add(lead, _signs(best, she, he))
+        if abs(after["nearest"]) <= LEAD:
+            taken.append(best)
+            for key, value in after.items():
+                lead[key] = value
+    return sorted(taken)
+
+
+def _signs(fact: tuple, she: int, he: int) -> Counter:
+    _, subject, nearest = fact
+    counts = (she, he)
+    frequent = (counts[subject] > counts[1 - subject]) - (counts[subject] < counts[1 - subject])
+    return Counter({"nearest": 1 if nearest == "subject" else -1, "gender": 1 - 2 * subject, "frequent": frequent})
+
+
+def _add(a: Counter, b: Counter) -> Counter:
+    """Counter addition that keeps zero and negative counts."""
+    out = Counter(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0) + v
+    return out
 
 
 def _rotated(cast: list[str], invented: list[str]) -> list:
-    """Per copy c, a sentence -> its text with character i named ``invented[(i + c) % K]`` (all at once): every copy
-    holds every invented name, each character's name differs from copy to copy."""
+    """Per copy c, a sentence -> its text with person i named ``invented[(i + c) % K]`` (all at once): every copy
+    holds every invented name, each person's name differs from copy to copy (with two, a swap)."""
     k = len(cast)
     pattern = re.compile(rf"\b(?:{'|'.join(cast)})\b")
     maps = [{w: invented[(i + c) % k] for i, w in enumerate(cast)} for c in range(k)]
     return [lambda s, m=m: pattern.sub(lambda found: m[found.group(0)], s) for m in maps]
-
-
-def _about(chunks: list[list[tuple]], people: frozenset[str]) -> list[str | None]:
-    """Per chunk, whom it is taken to be about: the last person the original passage names before the chunk
-    ends (the nearest preceding named person; None before any)."""
-    last, found = None, []
-    for chunk in chunks:
-        for s, _ in chunk:
-            named = [w for w in CAPITAL.findall(s) if w in people]
-            last = named[-1] if named else last
-        found.append(last)
-    return found
 
 
 def _pack(tokenizer, paragraphs, start: int, count: int, budget: int, variants) -> list[list[tuple]] | None:
@@ -208,12 +364,20 @@ def _pack(tokenizer, paragraphs, start: int, count: int, budget: int, variants) 
     return None
 
 
+_COSTS: dict[tuple, int] = {}  # (tokenizer, text) -> its tokens: passages are tried many times over
+
+
 def _costs(tokenizer, sentences: list[str], variants) -> list[int]:
     """Per sentence, the most tokens any of its variants takes."""
     texts = [variants(s) for s in sentences]
-    flat = [t for group in texts for t in group]
-    counts = iter(len(ids) for ids in tokenizer(flat, add_special_tokens=False, verbose=False)["input_ids"])
-    return [max(next(counts) for _ in group) for group in texts]
+    key = (type(tokenizer).__name__, getattr(tokenizer, "name_or_path", ""), len(tokenizer))
+    missing = list(dict.fromkeys(t for group in texts for t in group if (key, t) not in _COSTS))
+    if missing:
+        if len(_COSTS) > 1 << 18:
+            _COSTS.clear()
+        ids = tokenizer(missing, add_special_tokens=False, verbose=False)["input_ids"]
+        _COSTS.update({(key, t): len(i) for t, i in zip(missing, ids)})
+    return [max(_COSTS[key, t] for t in group) for group in texts]
 
 
 def _names_nobody(chunk: list[tuple], novel: Novel) -> bool:
@@ -222,17 +386,12 @@ def _names_nobody(chunk: list[tuple], novel: Novel) -> bool:
     return not set(CAPITAL.findall(text)) & novel.names and not MID_SENTENCE.search(text)
 
 
-def _far_first(rng: random.Random, chunks: list[int], distance: dict, most: int, preferred=frozenset()) -> list[int]:
-    """The ``most`` of ``chunks``, ``preferred`` ones first, then farthest from a mention of the name (ties in a
-    seeded order), in order."""
-    order = rng.sample(chunks, len(chunks))
-    return sorted(sorted(order, key=lambda c: (c not in preferred, -distance[c]))[:most])
-
-
 def _sentence_of(rng: random.Random, chunk: list[tuple]) -> str:
-    """A sentence of the chunk for the query: one of 6 to 60 words where there is one, else its longest."""
+    """A sentence of the chunk for the query: one of 6 to 60 words with a pronoun where there is one, else one of 6
+    to 60 words, else its longest."""
     sentences = [s for s, _ in chunk]
     fitting = [s for s in sentences if 6 <= len(s.split()) <= 60]
+    fitting = [s for s in fitting if any(w.lower() in PRONOUNS for w in WORD.findall(s))] or fitting
     return rng.choice(fitting) if fitting else max(sentences, key=len)
 
 

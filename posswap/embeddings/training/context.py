@@ -9,8 +9,8 @@ document of the batch (the question's own document's other chunks, its naming ch
 negatives): the fact's chunk, its tokens mean-pooled while the model reads the whole document, must come first.
 
 ``embedding.context_source: natural`` (or ``both``) makes the documents from real passages instead: one passage of
-the recipe's novels in a batch's worth of copies, the same invented names assigned to its people differently in
-each, every copy asked about the same chunk that names nobody (:mod:`posswap.embeddings.natural_context`): no
+the recipe's novels in two copies, two people's invented names swapped between them, each copy asked about the same
+chunk that names nobody by the name its subject has there (a batch holds several passages, both copies of each) (:mod:`posswap.embeddings.natural_context`): no
 template to learn, only context.
 """
 
@@ -284,18 +284,19 @@ def _groups(tokenizer, rng, length: int, kinds: int, group: int, seed: int, chun
 
 
 def _natural_groups(tokenizer, length: int, groups: int, group: int, seed: int, chunk_tokens: int) -> list[list]:
-    """``groups`` groups: each one passage of the recipe's novels with ``group`` people in ``group`` copies, the same
-    ``group`` invented names rotated among the people from copy to copy, every copy asked about the same chunk that
-    names nobody by its main character's name: the group's fact chunks are the same words and every document holds
-    every query's name, told apart only by whom the chunk is about (:mod:`posswap.embeddings.natural_context`)."""
-    task = build_natural_task(tokenizer, length, groups * group, seed, chunk_tokens, NATURAL_TRAINING, group, facts=1)
+    """``groups`` groups of ``group`` rows (an even number): each ``group // 2`` passages of the recipe's novels in
+    their two copies (two people's invented names swapped), a fact chunk of each asked once a name, each name's
+    question answered by its own copy: a group holds both copies of every passage in it, each the other's hard
+    negative, told apart only by whom the chunk's pronouns mean (:mod:`posswap.embeddings.natural_context`)."""
+    passages = groups * (group // 2)
+    task = build_natural_task(tokenizer, length, 2 * passages, seed, chunk_tokens, NATURAL_TRAINING, facts=1)
     rows = [
         (
             q.query,
             task.documents[q.document],
             [q.chunk, len(task.chunks[q.document])] + _spans(tokenizer, task.chunks[q.document]),
         )
-        for q in task.queries  # one a copy, in document order
+        for q in task.queries  # per passage, its one fact's two questions: one per copy
     ]
     return [rows[g * group : (g + 1) * group] for g in range(groups)]
 

@@ -84,9 +84,10 @@ class EmbeddingSpec:
         default="templates",
         metadata={
             "help": "What the context_pairs documents are: templates (an invented subject named in one chunk, facts "
-            "about it in later chunks: the recipe's own templates), natural (a real passage of the training novels in "
-            "train.batch_size copies, its main character renamed in each, asked about a chunk that names nobody: only "
-            "the rest of the document tells the copies apart) or both (half of each length's batches each)."
+            "about it in later chunks: the recipe's own templates), natural (real passages of the training novels, each in "
+            "two copies with two people's invented names swapped, asked about a chunk that names nobody by the name its "
+            "subject has in each: only whom the pronouns mean tells the copies apart; train.batch_size even) or both "
+            "(half of each length's batches each)."
         },
     )
 
@@ -209,6 +210,11 @@ def check_embedding_recipe(recipe: Any, defaults: Any) -> None:
             f"train.batch_size ({t.batch_size}) must be at least 2 for an embedding recipe: the ranking loss's "
             "negatives are the other documents of the batch, and with one the loss is 0 and nothing trains "
             "(or set embedding.hard_negatives: true)."
+        )
+    if recipe.embedding.context_pairs and recipe.embedding.context_source != "templates" and t.batch_size % 2:
+        raise ValueError(
+            f"train.batch_size ({t.batch_size}) must be even with embedding.context_source "
+            f"{recipe.embedding.context_source}: a batch holds both copies of each natural passage."
         )
     check_choice("train.mixed_precision (embedding recipe)", t.mixed_precision, ("no",))
     if recipe.tokenizer is not None:
