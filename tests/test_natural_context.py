@@ -1,8 +1,8 @@
 """The natural-reference task and embedding.context_source (issue 63): a real passage in two copies with two
 people's invented names swapped (a she and a he, mentioned about as often), a fact chunk that names nobody and whose
 pronouns are of one gender (the same words in both copies), each fact asked once a name and answered by different
-copies; oracles that read which names a document holds, its most frequent name or the nearest name before the chunk
-at chance (or near it), one that knows whom the pronouns mean right; the gender rule on a handmade text; the source
+copies; oracles that read which names a document holds, its most frequent name, the nearest name before the chunk
+or which name is the pair's he at chance (or near it), one that knows whom the pronouns mean right; the gender rule on a handmade text; the source
 texts kept apart (training never reads Persuasion, the evaluation reads nothing else), the scorer against a reference
 computed here, and one-line refusals."""
 
@@ -233,8 +233,30 @@ def test_oracles_that_ignore_whom_the_pronouns_mean_are_at_chance_and_one_that_k
     assert queries >= 100
     assert score(lambda d, c: onehot(set(found(task.documents[d])))) == 0.5  # which names: a tie, always
     assert score(nearest) == pytest.approx(0.5, abs=0.15)  # balanced by construction, within a lead of 2 facts
-    assert abs(score(most_frequent) - 0.5) <= 0.25  # steered, not held (reported by the measurement)
+    assert score(most_frequent) == pytest.approx(0.5, abs=0.1)  # facts about the more mentioned held even
     assert score(subject) == 1.0
+
+
+@pytest.mark.parametrize("length, documents, seed", [(512, 120, 3), (512, 40, 0), (1024, 40, 0), (2048, 40, 0)])
+def test_the_gender_oracle_is_at_chance_and_she_and_he_facts_are_even(tokenizer, length, documents, seed):
+    """The rule "answer the copy in which the query's name is the pair's he" scores the share of facts about the he:
+    the task holds she-facts and he-facts within one of each other, so it is at chance."""
+    task = build_natural_task(tokenizer, length, documents, seed)
+    right = 0
+    for q in task.queries:
+        name = q.query.split(": ")[0]
+        first = q.document - q.document % COPIES
+        he = [d for d in range(first, first + COPIES) if task.subjects[d] != name]  # the copy where it is the he
+        assert len(he) == 1 and name in {task.subjects[d] for d in range(first, first + COPIES)}
+        right += q.document == he[0]
+    assert len(task.queries) >= 40
+    assert right / len(task.queries) == pytest.approx(0.5, abs=0.1)
+    facts = Counter()
+    for queries in groups(task).values():
+        (gender,) = {frozenset(pronoun_genders(task.chunks[q.document][q.chunk])) for q in queries}
+        (gender,) = gender
+        facts[gender] += 1
+    assert abs(facts["she"] - facts["he"]) <= 1 and facts["she"] + facts["he"] == len(task.queries) // 2
 
 
 def test_stock_chunks_are_at_chance_among_the_copies(minilm_path):

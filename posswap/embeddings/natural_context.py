@@ -13,9 +13,12 @@ names before it is that person). It is word for word the same in both copies. Ea
 Y, so each copy is the answer once per chunk: a rule that reads only which names a document holds is at chance
 (one in two). The nearest person named before a fact chunk is the subject for about half of the facts asked and the
 other person of the pair for the rest (``template``: ``nearest-subject`` or ``nearest-other``): a chunk that soaks
-up its nearest name is near chance too. The subject's gender and whether the subject is the pair's more mentioned
-person are steered towards even but not held (:func:`_pick`): a rule "the query names the heroine" or "the query
-names the more mentioned" scores what share of the facts are about her, or about the more mentioned.
+up its nearest name is near chance too. The subject's gender is held even too: the task's facts about
+the pair's she and about its he differ by at most one (a passage gives a she-fact and a he-fact, or one fact that
+evens the count; a passage that can do neither is passed over), so the rule "the query names the pair's he" (or
+she) is at chance. So is whether the subject is the pair's more mentioned person (facts about the more and about
+the less mentioned differ by at most one: a she-fact and a he-fact of one passage even it), so the rule "the query
+names the copy's most frequent name" is near chance as well (:func:`_pick`).
 
 The gender of a person (:func:`genders`), a fixed rule: a person whose name follows gendered titles of one gender
 only (Mr Sir Captain Admiral Colonel Lord: he; Mrs Miss Lady: she) is that gender; one that follows titles of both
@@ -32,6 +35,7 @@ chunks. The evaluation reads held-out *Persuasion* and names people from the con
 from __future__ import annotations
 
 import functools
+import itertools
 import random
 import re
 from collections import Counter
@@ -177,7 +181,7 @@ def build_natural_task(
     """``documents // 2`` passages of at most ``length`` tokens (special tokens counted), each in two copies
     (consecutive documents) in chunks of at most ``chunk_tokens``; per fact chunk two queries, one a name of the
     pair, answered by different copies. A query's ``template`` is ``nearest-subject`` or ``nearest-other`` (whom the
-    passage names last before the fact chunk); the facts asked are balanced on that, on the subject's gender and on
+    passage names last before the fact chunk); the facts asked are held balanced on that, on the subject's gender and on
     whether the subject is the pair's more mentioned person (:func:`_pick`)."""
     rng = random.Random(f"posswap-natural-context-{length}-{chunk_tokens}-{COPIES}-{seed}-{'-'.join(source.haystacks)}")
     special = special_tokens(tokenizer)
@@ -303,21 +307,28 @@ def _facts(chunks: list[list[tuple]], novel: Novel, pair: tuple[str, str]) -> li
 
 
 def _pick(rng: random.Random, found: list, she: int, he: int, most: int, lead: Counter) -> list:
-    """At most ``most`` of ``found`` (in a seeded order), each the one that brings the task's leads nearest to
-    even: ``nearest`` (subject - other), ``gender`` (she - he) and ``frequent`` (the subject mentioned more than the
-    other person of the pair - less); taken only where ``nearest`` stays within :data:`LEAD` (``gender`` and
-    ``frequent`` are only steered: Persuasion's chunks that name nobody are mostly about its heroine, the more
-    mentioned, and holding them too refuses most passages). ``lead`` is updated."""
-    order, taken = rng.sample(found, len(found)), []
-    while order and len(taken) < most:
-        best = min(order, key=lambda f: sum(abs(v) for v in _add(lead, _signs(f, she, he)).values()))
-        order.remove(best)
-        after = _add(lead, _signs(best, she, he))
-        if abs(after["nearest"]) <= LEAD:
-            taken.append(best)
+    """At most ``most`` of ``found`` that keep the task balanced: after them the task's she-facts and he-facts
+    differ by at most one (``gender``: she - he), so do the facts whose subject the passage mentions more than the
+    other person of the pair and those it mentions less (``frequent``), and ``nearest`` (subject - other) stays
+    within :data:`LEAD`. Of the sets that do, the largest, then the one that leaves the leads nearest to even, then
+    the first in a seeded order. With ``most`` two and even leads that is a she-fact and a he-fact (which also
+    evens ``frequent``: one subject is the more mentioned, the other the less). Empty where no set keeps the balance (the passage is passed over). ``lead`` is
+    updated."""
+    order = rng.sample(found, len(found))
+    for size in range(min(most, len(order)), 0, -1):
+        fitting = []
+        for chosen in itertools.combinations(order, size):
+            after = Counter(lead)
+            for fact in chosen:
+                after = _add(after, _signs(fact, she, he))
+            if abs(after["gender"]) <= 1 and abs(after["frequent"]) <= 1 and abs(after["nearest"]) <= LEAD:
+                fitting.append((sum(abs(v) for v in after.values()), chosen, after))
+        if fitting:
+            _, chosen, after = min(fitting, key=lambda f: f[0])  # the first of the seeded order on a tie
             for key, value in after.items():
                 lead[key] = value
-    return sorted(taken)
+            return sorted(chosen)
+    return []
 
 
 def _signs(fact: tuple, she: int, he: int) -> Counter:
