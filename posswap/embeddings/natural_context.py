@@ -39,7 +39,7 @@ import itertools
 import random
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..data.splits import HELDOUT_DOCUMENTS
 from .context_task import FIRST, ContextQuery, ContextTask, _sentences
@@ -83,6 +83,7 @@ class Novel:
     people: frozenset[str]  # of those, the ones a speech verb or a title stands next to
     vocabulary: frozenset[str]  # every word, lowercase: an invented name must be none of them
     genders: dict[str, str]  # person -> "she" or "he" (:func:`genders`); people of no clear gender left out
+    plain: dict = field(default_factory=dict, compare=False, repr=False)  # :func:`_plain`'s, by where it starts
 
 
 @dataclass(frozen=True)
@@ -227,8 +228,8 @@ def _passage(tokenizer, rng, novel: Novel, count: int, budget: int, names, facts
     allowed = [n for n in names if n.lower() not in novel.vocabulary]
     for _ in range(ATTEMPTS):
         start = rng.randrange(len(novel.paragraphs))
-        plain = _pack(tokenizer, novel.paragraphs, start, count, budget, lambda s: [s])
-        if not plain or not any(_gender_of(chunk, novel) for chunk in plain):  # cheap first
+        plain = _plain(tokenizer, novel, start, count, budget)
+        if not plain:
             continue
         for pair in _pairs(plain, novel):
             if not _facts(plain, novel, pair):
@@ -254,6 +255,17 @@ def _passage(tokenizer, rng, novel: Novel, count: int, budget: int, names, facts
         f"no passage of {count} chunks names a she and a he about as often and holds a chunk about one of them that "
         "names nobody; try longer."
     )
+
+
+def _plain(tokenizer, novel: Novel, start: int, count: int, budget: int) -> list[list[tuple]] | None:
+    """The passage from paragraph ``start`` as the novel has it, where one of its chunks could be a fact chunk (it
+    names nobody, its pronouns of one gender); else None. Kept on the novel: a task tries thousands of starts, most
+    of them many times over."""
+    key = (start, count, budget, type(tokenizer).__name__, getattr(tokenizer, "name_or_path", ""), len(tokenizer))
+    if key not in novel.plain:
+        plain = _pack(tokenizer, novel.paragraphs, start, count, budget, lambda s: [s])
+        novel.plain[key] = plain if plain and any(_gender_of(chunk, novel) for chunk in plain) else None
+    return novel.plain[key]
 
 
 def _names(sentence: str, person: str) -> bool:
