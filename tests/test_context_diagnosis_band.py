@@ -42,3 +42,22 @@ def test_bad_input_is_one_line_before_any_model_loads(tmp_path, capsys, argv, me
     with pytest.raises(SystemExit):
         diagnosis().main([str(tmp_path), *argv])
     assert message in capsys.readouterr().err
+
+
+def test_out_writes_the_lines_printed(tmp_path, capsys, minilm_path):
+    out = tmp_path / "diagnosis.json"
+    diagnosis().main([str(minilm_path), "--length", "384", "--documents", "4", "--out", str(out)])
+    printed = dict(line.rsplit(maxsplit=1) for line in capsys.readouterr().out.splitlines()[:-2])
+    record = __import__("json").loads(out.read_text())
+    (line,) = record["lines"]
+    assert line["queries"] > 0 and abs(sum(line["first_hits"].values()) - 1) < 1e-9
+    assert {where.strip(): f"{share:.2f}" for where, share in line["first_hits"].items()} == {
+        where.strip(): share for where, share in printed.items()
+    }
+    assert record["length"] == 384 and record["command"].endswith(f"--out {out}")
+
+
+def test_out_must_be_a_json_file_in_a_folder_that_exists(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        diagnosis().main([str(tmp_path), "--out", str(tmp_path / "no" / "such.json")])
+    assert "--out must be a .json file in a folder that exists" in capsys.readouterr().err

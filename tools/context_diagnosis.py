@@ -7,6 +7,8 @@ naming chunk or another chunk of it, or another document's fact chunk (same ques
     python tools/context_diagnosis.py MODEL --length 2048 --documents 48 --shift       # which part costs
     python tools/context_diagnosis.py MODEL --length 2048 --documents 48 --band 256    # attention within 256 tokens
 
+``--out FILE.json`` also writes the lines' figures (each line's share of first hits by where they land).
+
 A miss inside the document (naming chunk) says the chunk lost its own words to the context; a miss in another
 document's fact chunk for the same question says the chunk does not carry its subject. On the recipe's templates
 against the evaluation's: how much of a score is what the recipe learned by heart. Task seed 5 (the README's
@@ -24,6 +26,9 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import json
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -108,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     which.add_argument("--shift", action="store_true", help="the evaluation's parts mixed with the recipe's")
     parser.add_argument("--window", type=int, help="read each document in windows of this many tokens")
     parser.add_argument("--band", type=int, help="attend only to tokens at most this many tokens away")
+    parser.add_argument("--out", type=Path, help="also write each line's figures to this JSON file")
     args = parser.parse_args(argv)
     if args.shift:
         runs = shifted_templates()
@@ -122,6 +128,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--band must be 1 token or more, got {args.band}.")
     if args.length < 3 * CHUNK_TOKENS:
         parser.error(f"--length must hold three chunks of {CHUNK_TOKENS} tokens, got {args.length}.")
+    if args.out is not None and (args.out.suffix != ".json" or not args.out.parent.is_dir()):
+        parser.error(f"--out must be a .json file in a folder that exists, got {args.out}.")
     model = load_sentence_transformer(args.model, device="cpu")
     if model is None:
         parser.error(
@@ -133,10 +141,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.band:
         AttentionInterface.register("posswap_diagnosis_band", banded_sdpa(args.band))
         model[0].auto_model.set_attn_implementation("posswap_diagnosis_band")
+    lines = []
     for label, templates in runs:
         task = build_context_task(model.tokenizer, args.length, args.documents, TASK_SEED, CHUNK_TOKENS, templates)
         found, by_distance = first_hits(model, task)
         total = sum(found.values())
+        lines.append({"label": label, "queries": total, "first_hits": {k: v / total for k, v in found.items()}})
         if args.shift:
             share = found["the fact's chunk"] / total
             print(f"{label:40s} {share:.2f}", flush=True)
@@ -145,6 +155,25 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{where:32s} {count / total:.2f}")
         buckets = [distance_bucket(low) for low, _ in DISTANCE_BUCKETS if distance_bucket(low) in by_distance]
         print("by distance: " + ", ".join(f"{b}: {sum(by_distance[b]) / len(by_distance[b]):.2f}" for b in buckets))
+    if args.out is not None:
+        write_lines(args, lines, sys.argv[1:] if argv is None else argv)
+
+
+def write_lines(args, lines: list[dict], argv: list[str]) -> None:
+    """The lines printed, as JSON: each line's share of first hits by where they land (the fact's chunk's is the
+    line's figure), with the model, the documents and the command that made them."""
+    record = {
+        "model": args.model,
+        "length": args.length,
+        "documents": args.documents,
+        "task_seed": TASK_SEED,
+        "window": args.window,
+        "band": args.band,
+        "lines": lines,
+        "command": " ".join(["python", "tools/context_diagnosis.py", *argv]),
+    }
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"Wrote {args.out}.")
 
 
 if __name__ == "__main__":

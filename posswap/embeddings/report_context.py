@@ -233,6 +233,49 @@ def placement_block(seeds: list[Path], tried: list[Path], pruned: list[dict]) ->
     return lines
 
 
+def natural_files(root: Path) -> list[tuple[str, Path]]:
+    """(run, context.json) of the natural-reference task: the baselines' folders (``natural-reference/RUN``,
+    scored with the stock model and the untrained patch) first, then each run's ``RUN/natural``: the recipe's seeds,
+    then the changes tried (``history/RUN``)."""
+    baselines = sorted((p.name, p / "context.json") for p in (root / "natural-reference").glob("*/"))
+    tried = runs(root / "history") if (root / "history").is_dir() else []
+    scored = [(r.name, r / "natural" / "context.json") for r in runs(root) + tried]
+    return [(name, path) for name, path in baselines + scored if path.is_file()]
+
+
+def natural_block(root: Path) -> list[str]:
+    """Late chunks on the natural-reference task, fact accuracy (the fact's chunk of the right copy above the other
+    copy's; chance one in two) per length: the stock chunks, the untrained patch, each run's late chunks. Every file
+    must hold the same documents (their fingerprints agree)."""
+    found = [(name, load(path)) for name, path in natural_files(root)]
+    if not found:
+        return []
+    first = found[0][1]
+    rows: dict[str, dict] = {}
+    for name, context in found:
+        if context["settings"]["fingerprints"] != first["settings"]["fingerprints"]:
+            raise SystemExit(f"{name}'s natural-reference results scored other documents than {found[0][0]}'s: rescore.")
+        late = [r for r in context["rows"] if r.endswith(" late chunks")]
+        if not rows:
+            named = columns(context)
+            rows["the stock model's chunks"] = context["rows"][named["stock chunks"]]
+            rows["the untrained patch's late chunks"] = context["rows"][late[0]]
+        rows[f"{name}'s late chunks"] = context["rows"][late[-1]]
+    lines = [f"| vectors | {' | '.join(f'{n} tokens' for n in first['lengths'])} |"]
+    lines.append("|---|" + "---|" * len(first["lengths"]))
+    for label, row in rows.items():
+        cells = [cell(a, e) for a, e in zip(row["fact_accuracy"], row["fact_stderr"])]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    chance = first["settings"]["chance"]["fact_accuracy"][0]
+    lines += [
+        "",
+        f"Natural-reference retrieval ({first['settings']['made']}; seed {first['seed']}, chunks of at most "
+        f"{first['chunk_tokens']} tokens): the fact's chunk of the right copy ranked above the other copy's, ± "
+        f"standard error (chance {chance:.2f}).",
+    ]
+    return lines
+
+
 def blocks(root: Path = RESULTS) -> dict[str, list[str]]:
     """Every ``context-NAME`` block, by NAME."""
     found = runs(root)
@@ -250,6 +293,7 @@ def blocks(root: Path = RESULTS) -> dict[str, list[str]]:
         "front": front,
         "parity": parity_block(run, complete) + untouched_parity_lines(root),
         "placement": placement_block(complete, tried, pruned),
+        "natural": natural_block(root),
     }
 
 
