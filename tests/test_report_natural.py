@@ -19,6 +19,7 @@ def context(late: list[float], fingerprint: str = "a") -> dict:
             "stderr": [0.1, 0.1],
             "fact_accuracy": accuracy,
             "fact_stderr": [0.05, 0.04],
+            "fact_hits": [[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]],
         }
 
     rows = {
@@ -31,6 +32,7 @@ def context(late: list[float], fingerprint: str = "a") -> dict:
         "fingerprints": {"512": fingerprint},
         "chance": {"fact_accuracy": [0.5]},
         "made": "4 documents a length",
+        "queries": {n: [{"template": f"nearest-{t}"} for t in ("subject", "other") * 2] for n in ("512", "1024")},
     }
     return {"lengths": [512, 1024], "documents": 4, "seed": 0, "chunk_tokens": 128, "settings": settings, "rows": rows}
 
@@ -53,7 +55,13 @@ def test_each_cell_is_its_files_fact_accuracy(tmp_path):
         "| recipe-seed0's late chunks | 0.61 ± 0.05 | 0.58 ± 0.04 |",
         "| natural-seed0's late chunks | 0.72 ± 0.05 | 0.66 ± 0.04 |",
     ]
-    assert "chance 0.50" in lines[-1] and "4 documents a length" in lines[-1]
+    assert "chance 0.50" in lines[7] and "4 documents a length" in lines[7]
+    # By the nearest name before the fact chunk: hits 1, 1, 1, 0 are subject 1 and 1, other 1 and 0.
+    assert lines[-3:] == [
+        "| the untrained patch's late chunks | 1.00 / 0.50 | 0.50 / 0.00 |",
+        "| recipe-seed0's late chunks | 1.00 / 0.50 | 0.50 / 0.00 |",
+        "| natural-seed0's late chunks | 1.00 / 0.50 | 0.50 / 0.00 |",
+    ]
 
 
 def test_a_run_on_other_documents_is_refused(tmp_path):
@@ -67,3 +75,19 @@ def test_a_run_on_other_documents_is_refused(tmp_path):
 
 def test_no_natural_results_is_no_block(tmp_path):
     assert natural_block(tmp_path) == []
+
+
+def test_transfer_reads_the_first_and_last_shift_lines(tmp_path):
+    from posswap.embeddings.report_context import transfer_lines
+
+    tried = tmp_path / "history" / "natural-seed0"
+    write(tried / "context" / "context.json", context([0.0, 0.0]))
+    lines = [
+        {"label": "recipe's templates", "queries": 8, "first_hits": {"the fact's chunk": 0.75, "other": 0.25}},
+        {"label": "a mix", "queries": 8, "first_hits": {"the fact's chunk": 0.5, "other": 0.5}},
+        {"label": "evaluation's templates", "queries": 8, "first_hits": {"other": 1.0}},
+    ]
+    write(tried / "shift-2048.json", {"length": 2048, "documents": 4, "task_seed": 5, "lines": lines})
+    (line,) = transfer_lines(tmp_path)
+    assert line.endswith("the fact's chunk first 0.75 on recipe's templates, 0.00 on evaluation's templates.")
+    assert "natural-seed0" in line and "4 documents of task seed 5" in line

@@ -254,7 +254,9 @@ def natural_block(root: Path) -> list[str]:
     rows: dict[str, dict] = {}
     for name, context in found:
         if context["settings"]["fingerprints"] != first["settings"]["fingerprints"]:
-            raise SystemExit(f"{name}'s natural-reference results scored other documents than {found[0][0]}'s: rescore.")
+            raise SystemExit(
+                f"{name}'s natural-reference results scored other documents than {found[0][0]}'s: rescore."
+            )
         late = [r for r in context["rows"] if r.endswith(" late chunks")]
         if not rows:
             named = columns(context)
@@ -271,9 +273,48 @@ def natural_block(root: Path) -> list[str]:
         "",
         f"Natural-reference retrieval ({first['settings']['made']}; seed {first['seed']}, chunks of at most "
         f"{first['chunk_tokens']} tokens): the fact's chunk of the right copy ranked above the other copy's, ± "
-        f"standard error (chance {chance:.2f}).",
+        f"standard error (chance {chance:.2f}). By whom the passage names last before the fact chunk, the subject "
+        "/ the other person of the pair (a chunk that takes on its nearest name scores high, then low):",
+        "",
+        lines[0],
+        lines[1],
     ]
+    for label, row in list(rows.items())[1:]:
+        cells = [nearest_cell(first, row, i) for i in range(len(first["lengths"]))]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
+
+
+def transfer_lines(root: Path) -> list[str]:
+    """Per run with ``shift-2048.json`` (``tools/context_diagnosis.py MODEL --length 2048 --shift --out``): its late
+    chunks' fact-chunk share on the recipe's templates against the evaluation's, the first line and the last."""
+    tried = runs(root / "history") if (root / "history").is_dir() else []
+    lines = []
+    for run in runs(root) + tried:
+        path = run / "shift-2048.json"
+        if not path.is_file():
+            continue
+        record = load(path)
+        ends = record["lines"][0], record["lines"][-1]
+        shares = [line["first_hits"].get("the fact's chunk", 0.0) for line in ends]
+        lines.append(
+            f"Transfer at {record['length']} tokens ({run.name}; `tools/context_diagnosis.py --shift`, "
+            f"{record['documents']} documents of task seed {record['task_seed']}): the fact's chunk first "
+            f"{shares[0]:.2f} on {ends[0]['label']}, {shares[1]:.2f} on {ends[1]['label']}."
+        )
+    return lines
+
+
+def nearest_cell(context: dict, row: dict, i: int) -> str:
+    """The row's fact accuracy at length ``i`` on the facts whose nearest preceding name is the subject, then on
+    those where it is the other person of the pair (each query's template)."""
+    templates = [q["template"] for q in context["settings"]["queries"][str(context["lengths"][i])]]
+    hits = row["fact_hits"][i]
+    shares = []
+    for nearest in ("nearest-subject", "nearest-other"):
+        chosen = [h for h, t in zip(hits, templates) if t == nearest]
+        shares.append(f"{sum(chosen) / len(chosen):.2f}" if chosen else "-")
+    return " / ".join(shares)
 
 
 def blocks(root: Path = RESULTS) -> dict[str, list[str]]:
@@ -293,7 +334,7 @@ def blocks(root: Path = RESULTS) -> dict[str, list[str]]:
         "front": front,
         "parity": parity_block(run, complete) + untouched_parity_lines(root),
         "placement": placement_block(complete, tried, pruned),
-        "natural": natural_block(root),
+        "natural": natural_block(root) + [line for t in transfer_lines(root) for line in ("", t)],
     }
 
 
