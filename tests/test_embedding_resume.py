@@ -236,6 +236,8 @@ BAD = [
     ("embedding.context_lengths=[8192]", "embedding.context_lengths entry 8192 is longer than posswap.max_length"),
     ("embedding.context_lengths=5", "embedding.context_lengths must be a non-empty list"),
     ("embedding.context_chunk_tokens=0", "embedding.context_chunk_tokens must be a positive integer"),
+    ("embedding.context_source=nature", "embedding.context_source must be one of 'templates', 'natural', 'both'"),
+    ("embedding.context_source=natural", "embedding.context_source (natural) says what the context pairs are"),
     ("embedding.pairz=3", "Unknown key(s) in embedding: pairz"),
     ("embedding=5", "embedding must be a mapping"),
     # train: what sentence-transformers' trainer and the optimizer read
