@@ -99,10 +99,7 @@ class ContextResults:
         """Fact accuracy per ``template`` (the natural task: ``nearest-subject``, ``nearest-other``) at one length,
         with each template's query count."""
         i = self.lengths.index(length)
-        groups: dict[str, list[float]] = {}
-        for hit, query in zip(self.rows[row].fact_hits[i], self.settings["queries"][str(length)]):
-            groups.setdefault(query["template"], []).append(hit)
-        return {name: (sum(h) / len(h), len(h)) for name, h in sorted(groups.items())}
+        return fact_by_template(self.rows[row].fact_hits[i], self.settings["queries"][str(length)])
 
     def table(self, metric: str = "accuracy") -> str:
         """Markdown: a row per length, a column per row of the task, ``metric`` ± its standard error."""
@@ -136,6 +133,15 @@ class ContextResults:
                 lines.append(f"| {length} | {label} ({n}) | " + " | ".join(cells) + " |")
         lines += ["", "natural-reference retrieval, fact accuracy by the nearest person named before the fact chunk."]
         return lines
+
+
+def fact_by_template(hits: list[float], queries: list[dict]) -> dict[str, tuple[float, int]]:
+    """Fact accuracy and query count per query ``template``: a row's fact hits at one length against the queries
+    that length's results record (``settings["queries"]``)."""
+    groups: dict[str, list[float]] = {}
+    for hit, query in zip(hits, queries):
+        groups.setdefault(query["template"], []).append(hit)
+    return {name: (sum(h) / len(h), len(h)) for name, h in sorted(groups.items())}
 
 
 def _cell(value: float, error: float | None) -> str:

@@ -19,6 +19,7 @@ import re
 import statistics
 from pathlib import Path
 
+from .context_retrieval import fact_by_template
 from .history import SUMMARY, load, placement_row, recipe_late_row, retrieval_columns, runs
 from .verdicts import pick
 
@@ -233,13 +234,17 @@ def placement_block(seeds: list[Path], tried: list[Path], pruned: list[dict]) ->
     return lines
 
 
+def tried_runs(root: Path) -> list[Path]:
+    """The run folders of ``root/history`` (none where it has no history)."""
+    return runs(root / "history") if (root / "history").is_dir() else []
+
+
 def natural_files(root: Path) -> list[tuple[str, Path]]:
     """(run, context.json) of the natural-reference task: the baselines' folders (``natural-reference/RUN``,
     scored with the stock model and the untrained patch) first, then each run's ``RUN/natural``: the recipe's seeds,
     then the changes tried (``history/RUN``)."""
     baselines = sorted((p.name, p / "context.json") for p in (root / "natural-reference").glob("*/"))
-    tried = runs(root / "history") if (root / "history").is_dir() else []
-    scored = [(r.name, r / "natural" / "context.json") for r in runs(root) + tried]
+    scored = [(r.name, r / "natural" / "context.json") for r in runs(root) + tried_runs(root)]
     return [(name, path) for name, path in baselines + scored if path.is_file()]
 
 
@@ -288,9 +293,8 @@ def natural_block(root: Path) -> list[str]:
 def transfer_lines(root: Path) -> list[str]:
     """Per run with ``shift-2048.json`` (``tools/context_diagnosis.py MODEL --length 2048 --shift --out``): its late
     chunks' fact-chunk share on the recipe's templates against the evaluation's, the first line and the last."""
-    tried = runs(root / "history") if (root / "history").is_dir() else []
     lines = []
-    for run in runs(root) + tried:
+    for run in runs(root) + tried_runs(root):
         path = run / "shift-2048.json"
         if not path.is_file():
             continue
@@ -308,13 +312,8 @@ def transfer_lines(root: Path) -> list[str]:
 def nearest_cell(context: dict, row: dict, i: int) -> str:
     """The row's fact accuracy at length ``i`` on the facts whose nearest preceding name is the subject, then on
     those where it is the other person of the pair (each query's template)."""
-    templates = [q["template"] for q in context["settings"]["queries"][str(context["lengths"][i])]]
-    hits = row["fact_hits"][i]
-    shares = []
-    for nearest in ("nearest-subject", "nearest-other"):
-        chosen = [h for h, t in zip(hits, templates) if t == nearest]
-        shares.append(f"{sum(chosen) / len(chosen):.2f}" if chosen else "-")
-    return " / ".join(shares)
+    shares = fact_by_template(row["fact_hits"][i], context["settings"]["queries"][str(context["lengths"][i])])
+    return " / ".join(f"{shares[t][0]:.2f}" if t in shares else "-" for t in ("nearest-subject", "nearest-other"))
 
 
 def blocks(root: Path = RESULTS) -> dict[str, list[str]]:
@@ -324,7 +323,7 @@ def blocks(root: Path = RESULTS) -> dict[str, list[str]]:
     if not complete:
         raise SystemExit(f"No complete results in {root}: run posswap eval ... --task context-retrieval first.")
     run = complete[0]  # the first seed scored on every task; the others add their late chunks to seeds_line
-    history = runs(root / "history") if (root / "history").is_dir() else []
+    history = tried_runs(root)
     tried = [r for r in history if (r / "changes.diff").is_file()]  # a change to the recipe or placement, tried
     summary = root / SUMMARY
     pruned = json.loads(summary.read_text())["rows"] if summary.is_file() else []
