@@ -297,11 +297,15 @@ def test_a_bad_context_source_is_one_line(tiny_st, text_file, tmp_path, capsys, 
     assert not Path(tmp_path / "run").exists()
 
 
-def test_bad_natural_flags_are_one_line_before_any_model_loads(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "documents,message",
+    [("2", "documents must be a whole number from 4 to 400"), ("5", "documents counts the copies of each passage (2)")],
+)
+def test_bad_natural_flags_are_one_line_before_any_model_loads(tmp_path, capsys, documents, message):
     out = tmp_path / "eval"
     code = cli.main(
-        ["eval", "no/such-model", "--task", "natural-context-retrieval", "--documents", "2", "--out", str(out)]
+        ["eval", "no/such-model", "--task", "natural-context-retrieval", "--documents", documents, "--out", str(out)]
     )
     assert code == 2
-    assert "documents must be a whole number from 4 to 400" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
     assert not out.exists()

@@ -172,6 +172,10 @@ def check_context_inputs(
     )
     if isinstance(documents, bool) or not isinstance(documents, int) or not least <= documents <= most:
         raise ValueError(f"documents must be a whole number from {least} to {most}; got {documents!r}.")
+    if task == CONTEXT_TASKS[1] and documents % COPIES:
+        raise ValueError(
+            f"documents counts the copies of each passage ({COPIES}): give a multiple of it; got {documents}."
+        )
     if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or not 16 <= chunk_tokens <= 512:
         raise ValueError(f"chunk_tokens must be a whole number of tokens from 16 to 512; got {chunk_tokens!r}.")
     if min(lengths) < 3 * chunk_tokens:
