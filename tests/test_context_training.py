@@ -47,8 +47,9 @@ def test_rows_hold_a_question_its_fact_chunk_and_every_chunks_token_span(minilm_
     assert len(rows) == 10 and len(set(rows["document"])) == 10
     for query, document, label in zip(rows["query"], rows["document"], rows["label"]):
         gold, count = label[0], label[1]
-        spans = [(label[2 + 2 * i], label[3 + 2 * i]) for i in range(count)]
-        assert all(v == -1 for v in label[2 + 2 * count :])
+        assert label[2] == -1  # a templated document has no other copy
+        spans = [(label[3 + 2 * i], label[4 + 2 * i]) for i in range(count)]
+        assert all(v == -1 for v in label[3 + 2 * count :])
         # Independently: the whole document's tokens, and the characters each span covers.
         encoded = tokenizer(document, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
         offsets = encoded["offset_mapping"]
@@ -116,7 +117,7 @@ def test_the_loss_is_a_ranking_over_every_chunk_of_the_batch(tiny_st):  # noqa: 
         chunks, gold = [], []
         for document, label in zip(rows["document"], labels.tolist()):
             tokens = model.encode([document], output_value="token_embeddings")[0][1:-1]  # no [CLS], [SEP]
-            spans = [(label[2 + 2 * i], label[3 + 2 * i]) for i in range(label[1])]
+            spans = [(label[3 + 2 * i], label[4 + 2 * i]) for i in range(label[1])]
             gold.append(len(chunks) + label[0])
             chunks += [tokens[a:b].mean(0) for a, b in spans]
         scores = F.normalize(queries, dim=-1) @ F.normalize(torch.stack(chunks), dim=-1).T

@@ -238,6 +238,8 @@ BAD = [
     ("embedding.context_chunk_tokens=0", "embedding.context_chunk_tokens must be a positive integer"),
     ("embedding.context_source=nature", "embedding.context_source must be one of 'templates', 'natural', 'both'"),
     ("embedding.context_source=natural", "embedding.context_source (natural) says what the context pairs are"),
+    ("embedding.context_copy_margin=0.05", "embedding.context_copy_margin (0.05) applies to natural context pairs"),
+    ("embedding.context_copy_margin=-1", "embedding.context_copy_margin must be a number <= 2 and > 0"),
     ("embedding.pairz=3", "Unknown key(s) in embedding: pairz"),
     ("embedding=5", "embedding must be a mapping"),
     # train: what sentence-transformers' trainer and the optimizer read

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 import yaml
 from test_embedding_training import recipe, text_file, tiny_st  # noqa: F401  (fixtures)
 
+import posswap
 from posswap import cli
 from posswap.cli import main
 from posswap.data import read_document
@@ -26,7 +28,7 @@ from posswap.embeddings import natural_context
 from posswap.embeddings.context_retrieval import ContextRow, _score_into, _settings, evaluate_context
 from posswap.embeddings.context_task import FIRST, LAST
 from posswap.embeddings.natural_context import COPIES, PRONOUNS, build_natural_task, genders, read_novel
-from posswap.embeddings.training.context import NATURAL_TRAINING, context_rows
+from posswap.embeddings.training.context import NATURAL_TRAINING, ContextChunkLoss, context_rows
 
 st = pytest.importorskip("sentence_transformers")
 SPLIT = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
@@ -158,7 +160,10 @@ def test_training_rows_never_read_persuasion_and_hold_both_copies_in_a_group(tok
                 assert {n.lower() for n in names} <= words(documents[i])  # both names in both copies
                 encoded = tokenizer(documents[i], add_special_tokens=False, return_offsets_mapping=True, verbose=False)
                 row = label[i]
-                start, end = row[2 + 2 * row[0]], row[3 + 2 * row[0]]
+                start, end = row[3 + 2 * row[0]], row[4 + 2 * row[0]]
+                assert (
+                    row[2] == pair[1 - pair.index(i)] and row[0] == label[row[2]][0]
+                )  # its copy: that row, that chunk
                 facts.add(documents[i][encoded["offset_mapping"][start][0] : encoded["offset_mapping"][end - 1][1]])
             (fact,) = facts  # the same chunk text in both copies
             assert not {n.lower() for n in names} & words(fact) and len(pronoun_genders(fact)) == 1
@@ -269,14 +274,65 @@ def test_stock_chunks_are_at_chance_among_the_copies(minilm_path):
     assert sum(results.settings["nearest"]["512"].values()) == len(chunks.fact_hits[0])
 
 
-def test_an_embedding_recipe_trains_on_natural_context_pairs(tiny_st, text_file, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("margin", [None, 0.05])
+def test_an_embedding_recipe_trains_on_natural_context_pairs(tiny_st, text_file, tmp_path, monkeypatch, margin):  # noqa: F811
+    seen = []  # the margins the context loss ran with: the recipe's key reaches the loss
+    forward = ContextChunkLoss.forward
+    monkeypatch.setattr(
+        ContextChunkLoss, "forward", lambda self, *a: seen.append(self.copy_margin) or forward(self, *a)
+    )
     path = tmp_path / "recipe.yaml"
     spec = recipe(tiny_st, text_file, tmp_path / "run")
     spec["embedding"].update(context_pairs=8, context_lengths=[192], context_chunk_tokens=64, context_source="natural")
+    spec["embedding"]["context_copy_margin"] = margin
     spec["train"]["max_steps"] = 4
     path.write_text(yaml.safe_dump(spec))
     assert main(["train", str(path)]) == 0
-    assert json.loads((tmp_path / "run" / "recipe.json").read_text())["embedding"]["context_source"] == "natural"
+    written = json.loads((tmp_path / "run" / "recipe.json").read_text())["embedding"]
+    assert written["context_source"] == "natural" and written["context_copy_margin"] == margin
+    assert seen and set(seen) == {margin}
+
+
+def reference_copy_margin_loss(queries, chunks, gold, twins, scale, margin):
+    """Per row, plainly: the cross-entropy over every chunk but the other copy's fact chunk, plus scale x the
+    hinge on the cosine gap to that chunk; averaged."""
+    total = 0.0
+    for r, q in enumerate(queries):
+        other = gold[twins[r]]
+        cos = [F.cosine_similarity(q, c, dim=0) for c in chunks]
+        kept = [i for i in range(len(chunks)) if i != other]
+        logits = torch.stack([scale * cos[i] for i in kept])
+        total += -torch.log_softmax(logits, 0)[kept.index(gold[r])] + scale * max(
+            0.0, margin - (cos[gold[r]] - cos[other])
+        )
+    return float(total) / len(queries)
+
+
+def test_the_copy_margin_leaves_the_other_copy_out_of_the_ranking_and_asks_for_the_margin(tiny_st):  # noqa: F811
+    model = posswap.patch(st.SentenceTransformer(str(tiny_st), device="cpu"), posswap.InterpolateConfig(512, "stride"))
+    rows = context_rows(model.tokenizer, [192], 4, seed=2, chunk_tokens=64, group=4, source="natural")
+    labels = torch.tensor(rows["label"])
+    with torch.no_grad():
+        queries = model.encode(rows["query"], convert_to_tensor=True)
+        chunks, gold = [], []
+        for document, label in zip(rows["document"], labels.tolist()):
+            tokens = model.encode([document], output_value="token_embeddings")[0][1:-1]  # no [CLS], [SEP]
+            gold.append(len(chunks) + label[0])
+            chunks += [tokens[label[3 + 2 * i] : label[4 + 2 * i]].mean(0) for i in range(label[1])]
+        features = [model.preprocess(rows["query"]), model.preprocess(rows["document"])]
+        twins = labels[:, 2].tolist()
+        for margin in (0.05, 1.0):  # 1.0: every hinge active
+            got = float(ContextChunkLoss(model, 20.0, margin)(features, labels))
+            assert got == pytest.approx(
+                reference_copy_margin_loss(queries, chunks, gold, twins, 20.0, margin), abs=1e-4
+            )
+        plain = F.cross_entropy(
+            20.0 * F.normalize(queries, dim=-1) @ F.normalize(torch.stack(chunks), dim=-1).T, torch.tensor(gold)
+        )
+        assert float(ContextChunkLoss(model, 20.0)(features, labels)) == pytest.approx(float(plain), abs=1e-5)
+        templated = labels.clone()
+        templated[:, 2] = -1  # rows without another copy: the margin changes nothing
+        assert float(ContextChunkLoss(model, 20.0, 0.05)(features, templated)) == pytest.approx(float(plain), abs=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -284,6 +340,11 @@ def test_an_embedding_recipe_trains_on_natural_context_pairs(tiny_st, text_file,
     [
         ({"context_pairs": 8, "context_source": "novels"}, "embedding.context_source must be one of 'templates'"),
         ({"context_source": "natural"}, "embedding.context_source (natural) says what the context pairs are"),
+        ({"context_pairs": 8, "context_copy_margin": 0.05}, "embedding.context_copy_margin (0.05) applies to natural"),
+        (
+            {"context_pairs": 8, "context_source": "both", "context_copy_margin": 0},
+            "embedding.context_copy_margin must be a number",
+        ),
     ],
 )
 def test_a_bad_context_source_is_one_line(tiny_st, text_file, tmp_path, capsys, change, message):  # noqa: F811

@@ -225,14 +225,15 @@ def _given_names(count: int = 300) -> tuple[str, ...]:
 # embedding.context_source natural: the recipe's novels (never Persuasion, the evaluation's), syllable names.
 NATURAL_TRAINING = NaturalSource(TRAINING.haystacks, _given_names())
 GROUPED = "posswap context pairs: each run of batch_size rows is one batch"
+SPANS_AT = 3  # a label: fact chunk, chunk count, the other copy's row (-1: none), then the chunks' spans
 
 
 def context_rows(
     tokenizer, lengths: list[int], rows: int, seed: int, chunk_tokens: int, group: int, source: str = "templates"
 ) -> datasets.Dataset | None:
     """``rows`` (rounded down to whole groups) of ``query`` (a question about a document's subject), ``document``
-    and ``label`` (the fact's chunk, the chunk count, then each chunk's [start, end) in the document's text tokens,
-    padded with -1), in groups of ``group`` rows: documents of one length and one kind that all answer the same
+    and ``label`` (the fact's chunk, the chunk count, the row of its group holding the other copy of a natural
+    passage or -1, then each chunk's [start, end) in the document's text tokens, padded with -1), in groups of ``group`` rows: documents of one length and one kind that all answer the same
     question, each about its own subject. Trained as one batch (:func:`context_batch_sampler`), a group's other
     fact chunks say what the question asks and differ only in whose fact they are: the chunk must carry its
     subject, which only its document names. ``source`` (``embedding.context_source``): ``natural`` makes every
@@ -278,7 +279,7 @@ def _groups(tokenizer, rng, length: int, kinds: int, group: int, seed: int, chun
         for d in range(k, len(task.chunks), len(KINDS)):
             query = next(q for q in task.queries if q.document == d and q.relation == relation)
             spans = _spans(tokenizer, task.chunks[d])
-            rows.append((query.query, task.documents[d], [query.chunk, len(task.chunks[d])] + spans))
+            rows.append((query.query, task.documents[d], [query.chunk, len(task.chunks[d]), -1] + spans))
         groups.append(rows)
     return groups
 
@@ -294,9 +295,9 @@ def _natural_groups(tokenizer, length: int, groups: int, group: int, seed: int, 
         (
             q.query,
             task.documents[q.document],
-            [q.chunk, len(task.chunks[q.document])] + _spans(tokenizer, task.chunks[q.document]),
+            [q.chunk, len(task.chunks[q.document]), (i % group) ^ 1] + _spans(tokenizer, task.chunks[q.document]),
         )
-        for q in task.queries  # per passage, its one fact's two questions: one per copy
+        for i, q in enumerate(task.queries)  # per passage, its one fact's two questions, one per copy: rows 2k, 2k + 1
     ]
     return [rows[g * group : (g + 1) * group] for g in range(groups)]
 
@@ -313,11 +314,19 @@ def _spans(tokenizer, pieces: list[str]) -> list[int]:
 
 class ContextChunkLoss(nn.Module):
     """Cross-entropy of ``scale`` x cosine between each question and every chunk of every document of the batch,
-    each chunk its tokens' mean output in its whole document (after the modules past the pooling)."""
+    each chunk its tokens' mean output in its whole document (after the modules past the pooling).
 
-    def __init__(self, model: nn.Module, scale: float = 20.0):
+    ``copy_margin`` (``embedding.context_copy_margin``), for a natural passage's rows: its other copy's fact chunk,
+    the same words, leaves the ranking and enters as ``scale`` x max(0, margin - (own - other copy's cosine)). As
+    one more negative, the copy is pushed away as far as the cross-entropy can, and since the question quotes the
+    chunk, that push is nearly all the gradient a natural row gives: the chunk learns to carry its name over what it
+    says (issue 63: natural-only batches lost the needle and passkey). The margin asks only that the copies be told
+    apart (InSeNT, Conti et al. 2025, weighs its in-sequence negatives against the in-batch ones for the same
+    reason)."""
+
+    def __init__(self, model: nn.Module, scale: float = 20.0, copy_margin: float | None = None):
         super().__init__()
-        self.model, self.scale = model, scale
+        self.model, self.scale, self.copy_margin = model, scale, copy_margin
         self.pooling_at = mean_pooling_index(model, "embedding.context_pairs")
         self.before = model.tokenizer.num_special_tokens_to_add(pair=False) // 2  # [CLS] ahead, as piece_means
 
@@ -326,12 +335,29 @@ class ContextChunkLoss(nn.Module):
         chunks, gold = [], []
         for outputs, label in zip(self._each_document(sentence_features[1]), labels.long()):
             count = int(label[1])
-            spans = label[2 : 2 + 2 * count].view(count, 2) + self.before
+            spans = label[SPANS_AT : SPANS_AT + 2 * count].view(count, 2) + self.before
             gold.append(sum(len(c) for c in chunks) + int(label[0]))
             pooled = torch.stack([outputs[a:b].mean(dim=0) for a, b in spans.tolist()])
             chunks.append(after_pooling(self.model, self.pooling_at, pooled))
         scores = F.normalize(queries, dim=-1) @ F.normalize(torch.cat(chunks), dim=-1).T
-        return F.cross_entropy(self.scale * scores, torch.tensor(gold, device=scores.device))
+        gold = torch.tensor(gold, device=scores.device)
+        twins = labels[:, 2].long().to(scores.device)
+        if self.copy_margin is None or bool((twins < 0).all()):
+            return F.cross_entropy(self.scale * scores, gold)
+        return self._with_copy_margin(scores, gold, twins)
+
+    def _with_copy_margin(self, scores: torch.Tensor, gold: torch.Tensor, twins: torch.Tensor) -> torch.Tensor:
+        """The ranking without each row's other copy, plus the hinge on the gap to it (rows without one: the
+        ranking alone)."""
+        rows = torch.arange(len(gold), device=scores.device)
+        has = twins >= 0
+        other = gold[twins.clamp(min=0)]  # the other copy's fact chunk (the same chunk of the twin document)
+        logits = (self.scale * scores).masked_fill(
+            F.one_hot(other, scores.shape[1]).bool() & has[:, None], float("-inf")
+        )
+        gap = scores[rows, gold] - scores[rows, other]
+        hinge = torch.where(has, self.scale * F.relu(self.copy_margin - gap), torch.zeros_like(gap))
+        return (F.cross_entropy(logits, gold, reduction="none") + hinge).mean()
 
     def _each_document(self, features: dict) -> list[torch.Tensor]:
         """Each document's token outputs, read alone without its padding (documents of 512 and 2048 tokens share

@@ -90,6 +90,15 @@ class EmbeddingSpec:
             "(half of each length's batches each)."
         },
     )
+    context_copy_margin: float | None = field(
+        default=None,
+        metadata={
+            "help": "Natural context pairs only: how much closer (in cosine) a question must be to its own copy's "
+            "chunk than to the other copy's, the same words. null: the other copy is one more negative of the "
+            "ranking, pushed away as far as the loss can. A number: the ranking leaves the other copy out and a "
+            "hinge asks for this margin and no more (the copies' identical words keep what they say)."
+        },
+    )
 
     soup: int = field(
         default=1,
@@ -145,6 +154,13 @@ class EmbeddingSpec:
                 f"embedding.context_source ({self.context_source}) says what the context pairs are, and "
                 "embedding.context_pairs is 0: set embedding.context_pairs, or remove embedding.context_source."
             )
+        if self.context_copy_margin is not None:
+            check_number("embedding.context_copy_margin", self.context_copy_margin, above=0, maximum=2)
+            if self.context_source == "templates":
+                raise ValueError(
+                    f"embedding.context_copy_margin ({self.context_copy_margin}) applies to natural context pairs "
+                    "and embedding.context_source is templates: set context_source natural or both, or remove it."
+                )
         if self.context_lengths is None:
             if self.context_pairs and max(self.document_lengths) < 3 * self.context_chunk_tokens:
                 raise ValueError(

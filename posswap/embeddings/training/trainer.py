@@ -161,7 +161,7 @@ def datasets_and_losses(model, e, pairs, taught, chunked, old_limit: int, contex
     if chunked is not None:
         sets["chunks"], losses["chunks"] = chunked, LateChunkLoss(model, old_limit)
     if contexts is not None:
-        sets["context"], losses["context"] = contexts, ContextChunkLoss(model, e.scale)
+        sets["context"], losses["context"] = contexts, ContextChunkLoss(model, e.scale, e.context_copy_margin)
     if len(sets) == 1:
         return {"train_dataset": pairs, "loss": losses["pairs"]}
     return {"train_dataset": datasets.DatasetDict(sets), "loss": losses}
