@@ -109,3 +109,34 @@ def test_bad_context_flags_are_one_line_before_any_model_loads(tmp_path, capsys,
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith(f"posswap eval: error: {message}"), last
     assert not out.exists()
+
+
+def test_a_document_past_the_models_length_gets_its_encode_vector_from_the_late_pass(minilm_path, monkeypatch):
+    """The one-vector row of a document the model reads in windows is encode's vector (cut at the model's
+    length), taken from the late chunks' first window rather than a second read: the same hits as encode."""
+    import posswap
+    from posswap.embeddings import context_retrieval
+
+    stock = st.SentenceTransformer(minilm_path, device="cpu")
+    stock.max_seq_length = 128  # small lengths keep the test fast: the long model reads 256 of 320 tokens
+    long = posswap.patch(st.SentenceTransformer(minilm_path, device="cpu"), posswap.AlibiConfig(max_length=512))
+    long.max_seq_length = 256
+    models = {"minilm": stock, "long": long}
+    fast = evaluate_context(models, [320], documents=8, chunk_tokens=64, progress=False)
+    reads = []
+    encode = context_retrieval._encode
+    monkeypatch.setattr(
+        context_retrieval, "_encode", lambda m, texts, b: reads.append(len(texts)) or encode(m, texts, b)
+    )
+    cut = context_retrieval.late_chunks_and_documents
+    monkeypatch.setattr(
+        context_retrieval, "late_chunks_and_documents", lambda *a, **k: (cut(*a, **k)[0], [None] * len(a[1]))
+    )
+    again = evaluate_context(
+        models, [320], documents=8, chunk_tokens=64, progress=False
+    )  # the one-vector row read by encode
+    assert 8 in reads  # encode read the long model's 8 documents: the reference is independent of the late pass
+    assert (
+        fast.rows["long"].hits == again.rows["long"].hits and fast.rows["long"].accuracy == again.rows["long"].accuracy
+    )
+    assert fast.rows["long late chunks"].hits == again.rows["long late chunks"].hits

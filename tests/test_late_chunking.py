@@ -72,6 +72,9 @@ def test_the_late_chunks_pass_gives_each_text_its_encode_embedding(long_model, m
     stock = st.SentenceTransformer(minilm_path, device="cpu")  # reads 256 tokens: the first text needs windows
     _, documents = late_chunks_and_documents(stock, texts, chunks=pieces, long_documents="windows")
     assert documents[0] is None and documents[1] is not None
+    _, cut = late_chunks_and_documents(stock, texts, chunks=pieces, long_documents="windows", cut_documents=True)
+    # a text read in windows: encode's own vector, which cuts it at the model's length
+    torch.testing.assert_close(torch.stack(cut), stock.encode(texts, convert_to_tensor=True), atol=1e-5, rtol=0)
 
 
 def test_split_text_cuts_at_sentence_ends_within_the_budget(long_model):

@@ -276,12 +276,17 @@ def _row_vectors(
     model: Any, kind: str, task: ContextTask, batch_size: int, documents: list[torch.Tensor] | None
 ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """Per document, a (chunks, dim) tensor: the vector each of its chunks is scored by; and, from the late chunks'
-    pass where it read every document whole, each document's own vector (``documents`` when it is given: the
-    one-vector row then reads no document again)."""
+    pass, each document's own vector as ``encode`` gives it (cut at the model's length: the first window of a longer
+    one), so the one-vector row (``documents`` when it is given) reads no document again."""
     sizes = [len(pieces) for pieces in task.chunks]
     if kind == "late-chunk-max":
-        pieces, whole = late_chunks_and_documents(
-            model, task.documents, batch_size=batch_size, chunks=task.chunks, long_documents="windows"
+        pieces, whole = late_chunks_and_documents(  # a document past the model's length: its vector as encode cuts it
+            model,
+            task.documents,
+            batch_size=batch_size,
+            chunks=task.chunks,
+            long_documents="windows",
+            cut_documents=True,
         )
         return pieces, whole if all(d is not None for d in whole) else None
     if kind in ("chunk-max", "chunk-mean"):

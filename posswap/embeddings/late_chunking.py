@@ -69,10 +69,13 @@ def late_chunks_and_documents(
     batch_size: int = 8,
     chunks: list[list[str]] | None = None,
     long_documents: str = "refuse",
+    cut_documents: bool = False,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
     """:func:`late_chunks`, and each text's own embedding (``encode``'s) from the same pass: the mean of all its
-    token outputs is the pieces' means weighted by their token counts. None for a text read in windows (``encode``
-    would cut it; no pass read it whole). An evaluation that scores both reads each text once."""
+    token outputs is the pieces' means weighted by their token counts. For a text read in windows, None (no pass
+    read it whole), or with ``cut_documents`` what ``encode`` gives it: the mean of its first window, which holds
+    the tokens ``encode`` keeps when it cuts the text at the model's length. An evaluation that scores both reads
+    each text once."""
     pooling_at = _check_texts(model, texts, batch_size, long_documents)
     tokenizer = model.tokenizer
     encoded = [tokenizer(t, add_special_tokens=False, return_offsets_mapping=True, verbose=False) for t in texts]
@@ -85,10 +88,11 @@ def late_chunks_and_documents(
     pieces, documents = [], []
     with torch.no_grad():
         for e, s in zip(encoded, spans):
-            means, counts = _pool_text(model, e["input_ids"], s, limit, batch_size)
+            means, counts, first = _pool_text(model, e["input_ids"], s, limit, batch_size)
             pieces.append(after_pooling(model, pooling_at, means).detach().float().cpu())
             if len(e["input_ids"]) > limit:
-                documents.append(None)
+                cut = after_pooling(model, pooling_at, first.mean(dim=0, keepdim=True))[0] if cut_documents else None
+                documents.append(None if cut is None else cut.detach().float().cpu())
                 continue
             whole = (counts[:, None] * means).sum(dim=0, keepdim=True) / counts.sum()
             documents.append(after_pooling(model, pooling_at, whole)[0].detach().float().cpu())
@@ -208,9 +212,9 @@ def _check_lengths(model: Any, encoded, spans: list[list[Span]], long_documents:
 
 def _pool_text(
     model: Any, ids: list[int], spans: list[Span], limit: int, batch_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(pieces, dim) means of the pieces' token outputs, each read in the window chosen for it, and (pieces,) the
-    number of outputs each mean is over."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(pieces, dim) means of the pieces' token outputs, each read in the window chosen for it, (pieces,) the
+    number of outputs each mean is over, and the first window's outputs (special tokens included)."""
     windows = window_for_each(spans, len(ids), limit)
     starts = sorted(set(windows))
     outputs = dict(zip(starts, _window_outputs(model, ids, starts, limit, batch_size)))
@@ -226,7 +230,7 @@ def _pool_text(
             rows = rows + list(range(before + end - start, len(out)))  # [SEP] with the last
         means.append(out[rows].mean(dim=0))
         counts.append(len(rows))
-    return torch.stack(means), torch.tensor(counts, dtype=means[0].dtype)
+    return torch.stack(means), torch.tensor(counts, dtype=means[0].dtype), outputs[0]
 
 
 def window_for_each(spans: list[Span], count: int, limit: int) -> list[int]:
