@@ -233,8 +233,9 @@ def context_rows(
 ) -> datasets.Dataset | None:
     """``rows`` (rounded down to whole groups) of ``query`` (a question about a document's subject), ``document``
     and ``label`` (the fact's chunk, the chunk count, the row of its group holding the other copy of a natural
-    passage or -1, then each chunk's [start, end) in the document's text tokens, padded with -1), in groups of ``group`` rows: documents of one length and one kind that all answer the same
-    question, each about its own subject. Trained as one batch (:func:`context_batch_sampler`), a group's other
+    passage or -1, then each chunk's [start, end) in the document's text tokens, padded with -1), in groups of
+    ``group`` rows: documents of one length and one kind that all answer the same question, each about its own
+    subject. Trained as one batch (:func:`context_batch_sampler`), a group's other
     fact chunks say what the question asks and differ only in whose fact they are: the chunk must carry its
     subject, which only its document names. ``source`` (``embedding.context_source``): ``natural`` makes every
     group one real passage in ``group`` renamed copies (:func:`_natural_groups`), ``both`` half of each length's
