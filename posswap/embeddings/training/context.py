@@ -320,8 +320,8 @@ class ContextChunkLoss(nn.Module):
     ``copy_margin`` (``embedding.context_copy_margin``), for a natural passage's rows: its other copy's fact chunk,
     the same words, leaves the ranking and enters as ``scale`` x max(0, margin - (own - other copy's cosine)). As
     one more negative, the copy is pushed away as far as the cross-entropy can, and since the question quotes the
-    chunk, that push is nearly all the gradient a natural row gives: the chunk learns to carry its name over what it
-    says (issue 63: natural-only batches lost the needle and passkey). The margin asks only that the copies be told
+    chunk, that push is likely most of what a natural row teaches: the chunk learns to carry its name over what it
+    says (issue 63: natural-only batches lost the needle and passkey; the margin runs kept them). The margin asks only that the copies be told
     apart (InSeNT, Conti et al. 2025, weighs its in-sequence negatives against the in-batch ones for the same
     reason)."""
 
