@@ -122,6 +122,12 @@ def test_a_document_past_the_models_length_gets_its_encode_vector_from_the_late_
     long = posswap.patch(st.SentenceTransformer(minilm_path, device="cpu"), posswap.AlibiConfig(max_length=512))
     long.max_seq_length = 256
     models = {"minilm": stock, "long": long}
+    task = build_context_task(long.tokenizer, 320, 8, 0, 64)
+    _, documents = context_retrieval._row_vectors(long, "late-chunk-max", task, 8, None)
+    # the vectors themselves: a row's hits barely move when a document's one vector is slightly off
+    torch.testing.assert_close(
+        torch.stack(documents), long.encode(task.documents, convert_to_tensor=True), atol=1e-5, rtol=0
+    )
     fast = evaluate_context(models, [320], documents=8, chunk_tokens=64, progress=False)
     reads = []
     encode = context_retrieval._encode
@@ -132,11 +138,9 @@ def test_a_document_past_the_models_length_gets_its_encode_vector_from_the_late_
     monkeypatch.setattr(
         context_retrieval, "late_chunks_and_documents", lambda *a, **k: (cut(*a, **k)[0], [None] * len(a[1]))
     )
-    again = evaluate_context(
-        models, [320], documents=8, chunk_tokens=64, progress=False
-    )  # the one-vector row read by encode
+    # The same task again, the one-vector row read by encode.
+    again = evaluate_context(models, [320], documents=8, chunk_tokens=64, progress=False)
     assert 8 in reads  # encode read the long model's 8 documents: the reference is independent of the late pass
-    assert (
-        fast.rows["long"].hits == again.rows["long"].hits and fast.rows["long"].accuracy == again.rows["long"].accuracy
-    )
+    assert fast.rows["long"].hits == again.rows["long"].hits
+    assert fast.rows["long"].accuracy == again.rows["long"].accuracy
     assert fast.rows["long late chunks"].hits == again.rows["long late chunks"].hits

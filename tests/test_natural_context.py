@@ -161,9 +161,8 @@ def test_training_rows_never_read_persuasion_and_hold_both_copies_in_a_group(tok
                 encoded = tokenizer(documents[i], add_special_tokens=False, return_offsets_mapping=True, verbose=False)
                 row = label[i]
                 start, end = row[3 + 2 * row[0]], row[4 + 2 * row[0]]
-                assert (
-                    row[2] == pair[1 - pair.index(i)] and row[0] == label[row[2]][0]
-                )  # its copy: that row, that chunk
+                other = pair[1 - pair.index(i)]
+                assert row[2] == other and row[0] == label[other][0]  # its other copy: that row, the same chunk
                 facts.add(documents[i][encoded["offset_mapping"][start][0] : encoded["offset_mapping"][end - 1][1]])
             (fact,) = facts  # the same chunk text in both copies
             assert not {n.lower() for n in names} & words(fact) and len(pronoun_genders(fact)) == 1

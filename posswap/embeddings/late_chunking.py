@@ -90,11 +90,13 @@ def late_chunks_and_documents(
         for e, s in zip(encoded, spans):
             means, counts, first = _pool_text(model, e["input_ids"], s, limit, batch_size)
             pieces.append(after_pooling(model, pooling_at, means).detach().float().cpu())
-            if len(e["input_ids"]) > limit:
-                cut = after_pooling(model, pooling_at, first.mean(dim=0, keepdim=True))[0] if cut_documents else None
-                documents.append(None if cut is None else cut.detach().float().cpu())
+            if len(e["input_ids"]) <= limit:
+                whole = (counts[:, None] * means).sum(dim=0, keepdim=True) / counts.sum()
+            elif cut_documents:
+                whole = first.mean(dim=0, keepdim=True)  # what encode keeps of it: the first window
+            else:
+                documents.append(None)
                 continue
-            whole = (counts[:, None] * means).sum(dim=0, keepdim=True) / counts.sum()
             documents.append(after_pooling(model, pooling_at, whole)[0].detach().float().cpu())
     return pieces, documents
 
@@ -230,6 +232,7 @@ def _pool_text(
             rows = rows + list(range(before + end - start, len(out)))  # [SEP] with the last
         means.append(out[rows].mean(dim=0))
         counts.append(len(rows))
+    # The first piece starts at token 0, so the window at 0 is always read: what encode keeps of a longer text.
     return torch.stack(means), torch.tensor(counts, dtype=means[0].dtype), outputs[0]
 
 

@@ -225,7 +225,7 @@ def _given_names(count: int = 300) -> tuple[str, ...]:
 # embedding.context_source natural: the recipe's novels (never Persuasion, the evaluation's), syllable names.
 NATURAL_TRAINING = NaturalSource(TRAINING.haystacks, _given_names())
 GROUPED = "posswap context pairs: each run of batch_size rows is one batch"
-SPANS_AT = 3  # a label: fact chunk, chunk count, the other copy's row (-1: none), then the chunks' spans
+COPY_AT, SPANS_AT = 2, 3  # a label: fact chunk, chunk count, the other copy's row (-1: none), the chunks' spans
 
 
 def context_rows(
@@ -321,9 +321,9 @@ class ContextChunkLoss(nn.Module):
     the same words, leaves the ranking and enters as ``scale`` x max(0, margin - (own - other copy's cosine)). As
     one more negative, the copy is pushed away as far as the cross-entropy can, and since the question quotes the
     chunk, that push is likely most of what a natural row teaches: the chunk learns to carry its name over what it
-    says (issue 63: natural-only batches lost the needle and passkey; the margin runs kept them). The margin asks only that the copies be told
-    apart (InSeNT, Conti et al. 2025, weighs its in-sequence negatives against the in-batch ones for the same
-    reason)."""
+    says (issue 63: natural-only batches lost the needle and passkey; the margin runs kept them). The margin asks
+    only that the copies be told apart (InSeNT, Conti et al. 2025, weighs its in-sequence negatives against the
+    in-batch ones for the same reason)."""
 
     def __init__(self, model: nn.Module, scale: float = 20.0, copy_margin: float | None = None):
         super().__init__()
@@ -342,10 +342,9 @@ class ContextChunkLoss(nn.Module):
             chunks.append(after_pooling(self.model, self.pooling_at, pooled))
         scores = F.normalize(queries, dim=-1) @ F.normalize(torch.cat(chunks), dim=-1).T
         gold = torch.tensor(gold, device=scores.device)
-        twins = labels[:, 2].long().to(scores.device)
-        if self.copy_margin is None or bool((twins < 0).all()):
+        if self.copy_margin is None:
             return F.cross_entropy(self.scale * scores, gold)
-        return self._with_copy_margin(scores, gold, twins)
+        return self._with_copy_margin(scores, gold, labels[:, COPY_AT].long().to(scores.device))
 
     def _with_copy_margin(self, scores: torch.Tensor, gold: torch.Tensor, twins: torch.Tensor) -> torch.Tensor:
         """The ranking without each row's other copy, plus the hinge on the gap to it (rows without one: the
