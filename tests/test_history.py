@@ -46,3 +46,28 @@ def test_prune_goes_by_the_index_then_by_name(tmp_path):
     (folder / history.INDEX).write_text(json.dumps({"order": ["c"]}))
     assert history.prune(folder, cap=1) == ["c", "a"]
     assert [p.name for p in folder.iterdir() if p.is_dir()] == ["b"]
+
+
+def test_a_run_a_graph_compares_with_is_not_dropped(tmp_path):
+    """A graph run's source.json names a history run as its torch figures: adding past the cap refuses before
+    anything moves, and the run and the history stay as they were."""
+    folder, graphs = tmp_path / "history", tmp_path / "results"
+    history.add(fake_run(tmp_path / "old", 0.5), folder, cap=1, graphs=graphs)
+    (graphs / "onnx" / "graph-int8").mkdir(parents=True)
+    source = {"graph": "g.onnx", "torch_results": str(folder / "old")}
+    (graphs / "onnx" / "graph-int8" / "source.json").write_text(json.dumps(source))
+    try:
+        history.add(fake_run(tmp_path / "new", 0.7), folder, cap=1, graphs=graphs)
+    except ValueError as error:
+        assert "holds the torch figures" in str(error) and "graph-int8" in str(error)
+    else:
+        raise AssertionError("the history dropped a run a graph compares with")
+    assert (tmp_path / "new").is_dir() and (folder / "old" / "context" / "context.json").is_file()
+    assert json.loads((folder / history.INDEX).read_text())["order"] == ["old"]
+    assert not (tmp_path / history.SUMMARY).exists()
+
+
+def test_every_graph_run_finds_its_torch_figures():
+    for source in (ROOT / "results").glob("*/*/source.json"):
+        named = json.loads(source.read_text()).get("torch_results")
+        assert not named or (ROOT / named).is_dir(), f"{source}: {named} is gone"
