@@ -71,3 +71,13 @@ def test_every_graph_run_finds_its_torch_figures():
     for source in (ROOT / "results").glob("*/*/source.json"):
         named = json.loads(source.read_text()).get("torch_results")
         assert not named or (ROOT / named).is_dir(), f"{source}: {named} is gone"
+
+
+def test_the_command_says_a_refusal_in_one_line(tmp_path, capsys):
+    """A name the committed history holds: one line on stderr, exit 2, the run left where it was."""
+    taken = history.order(ROOT / "results" / "context" / "history")[-1]
+    run = fake_run(tmp_path / "run", 0.5)
+    assert history.main(["add", str(run), "--name", taken]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("history: ") and "give the run another --name" in err and err.count("\n") == 1
+    assert (run / "context" / "context.json").is_file()

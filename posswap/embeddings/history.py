@@ -15,6 +15,7 @@ import argparse
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # the clone: results/ lives there
@@ -149,10 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     adding.add_argument("--name", help="its name in the history (default: its folder's)")
     commands.add_parser("prune", help="keep the last ten entries; older ones become rows of the summary")
     args = parser.parse_args(argv)
-    if args.command == "add":
-        print(add(args.run, name=args.name))
-    else:
-        print("\n".join(f"pruned {name}" for name in prune()) or "nothing to prune")
+    try:
+        if args.command == "add":
+            print(add(args.run, name=args.name))
+        else:
+            print("\n".join(f"pruned {name}" for name in prune()) or "nothing to prune")
+    except (ValueError, FileExistsError) as error:  # one line, nothing moved
+        print(f"history: {error}", file=sys.stderr)
+        return 2
     return 0
 
 
