@@ -28,19 +28,19 @@ def test_the_committed_history_holds_at_most_ten_runs():
 
 
 def test_adding_past_the_cap_summarises_the_oldest_then_removes_it(tmp_path):
-    folder = tmp_path / "history"
+    folder = tmp_path / "results" / "context" / "history"
     for i in range(3):
         history.add(fake_run(tmp_path / f"run{i}", 0.5 + i / 10), folder, cap=2)
     assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == ["run1", "run2"]
     assert json.loads((folder / history.INDEX).read_text())["order"] == ["run1", "run2"]
-    rows = json.loads((tmp_path / history.SUMMARY).read_text())["rows"]
+    rows = json.loads((folder.parent / history.SUMMARY).read_text())["rows"]
     assert [(r["run"], r["context"], r["changes"]) for r in rows] == [("run0", [0.5, 0.25], ["posswap/x.py"])]
     history.add(fake_run(tmp_path / "run3", 0.9, diff=False), folder, cap=2)  # the summary grows, it is not rewritten
-    assert [r["run"] for r in json.loads((tmp_path / history.SUMMARY).read_text())["rows"]] == ["run0", "run1"]
+    assert [r["run"] for r in json.loads((folder.parent / history.SUMMARY).read_text())["rows"]] == ["run0", "run1"]
 
 
 def test_prune_goes_by_the_index_then_by_name(tmp_path):
-    folder = tmp_path / "history"
+    folder = tmp_path / "results" / "context" / "history"
     for name in ("b", "a", "c"):
         fake_run(folder / name, 0.4)
     (folder / history.INDEX).write_text(json.dumps({"order": ["c"]}))
@@ -51,20 +51,21 @@ def test_prune_goes_by_the_index_then_by_name(tmp_path):
 def test_a_run_a_graph_compares_with_is_not_dropped(tmp_path):
     """A graph run's source.json names a history run as its torch figures: adding past the cap refuses before
     anything moves, and the run and the history stay as they were."""
-    folder, graphs = tmp_path / "history", tmp_path / "results"
-    history.add(fake_run(tmp_path / "old", 0.5), folder, cap=1, graphs=graphs)
+    graphs = tmp_path / "results"
+    folder = graphs / "context" / "history"
+    history.add(fake_run(tmp_path / "old", 0.5), folder, cap=1)
     (graphs / "onnx" / "graph-int8").mkdir(parents=True)
     source = {"graph": "g.onnx", "torch_results": str(folder / "old")}
     (graphs / "onnx" / "graph-int8" / "source.json").write_text(json.dumps(source))
     try:
-        history.add(fake_run(tmp_path / "new", 0.7), folder, cap=1, graphs=graphs)
+        history.add(fake_run(tmp_path / "new", 0.7), folder, cap=1)
     except ValueError as error:
         assert "holds the torch figures" in str(error) and "graph-int8" in str(error)
     else:
         raise AssertionError("the history dropped a run a graph compares with")
     assert (tmp_path / "new").is_dir() and (folder / "old" / "context" / "context.json").is_file()
     assert json.loads((folder / history.INDEX).read_text())["order"] == ["old"]
-    assert not (tmp_path / history.SUMMARY).exists()
+    assert not (folder.parent / history.SUMMARY).exists()
 
 
 def test_every_graph_run_finds_its_torch_figures():

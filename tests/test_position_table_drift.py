@@ -50,6 +50,10 @@ def test_drift_against_the_table_patching_made(tmp_path, minilm_path):
         table_of(model).add_(move)
     model.save(str(tmp_path / "trained"))
     result = drift_tool().drift(str(tmp_path / "trained"), str(base))
+    stock = table_of(tiny_sentence_transformer(tmp_path / "again", minilm_path)).detach()  # the same seed: the base
+    assert result["stock_rows"] == [6, 26]  # the middle three fifths of 32 rows
+    by_hand = torch.stack([stock[i + 1] - stock[i] for i in range(6, 25)]).norm(dim=1).mean().item()
+    assert result["stock_neighbours"] == pytest.approx(by_hand, rel=1e-5)
     end = start + move
     rest = slice(32, 128)  # the tiny base has 32 rows
     assert result["stretches"]["the rest"]["rows"] == [32, 128]

@@ -7,7 +7,8 @@ neighbouring rows stand: whether a stride-placed model learned to tell neighbour
 The reference is BASE patched with MODEL's own recorded config (``posswap.patch``, the table training started
 from). Per stretch of rows (the first as many as the stock table has, and the rest): the mean length of a row's move
 as a share of its starting length, and the mean distance between neighbouring rows, before and after, beside
-the stock table's neighbours (the old positions' own spacing, rows 100-400 of it: the first rows are special).
+the stock table's neighbours (the old positions' own spacing, over its middle three fifths: its first rows stand
+far apart, its last are rarely read).
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ from posswap.patching import patched_config
 from posswap.portable.posswap_architectures import find_sites
 from posswap.sentence_models import transformer_module
 
-STOCK_ROWS = slice(100, 400)  # the stock table's ordinary rows: its first few are far apart, its last few rarely read
-
 
 def table(model) -> torch.Tensor:
     sites = find_sites(transformer_module(model).auto_model)
     return sites.table.weight.detach()[sites.table_offset :].float().clone()
+
+
+def middle(rows: int) -> slice:
+    """The stock table's ordinary rows ([102, 410) of 512)."""
+    return slice(rows // 5, rows - rows // 5)
 
 
 def neighbours(rows: torch.Tensor) -> float:
@@ -57,7 +61,8 @@ def drift(model_path: str, base: str) -> dict:
     return {
         "model": model_path,
         "base": base,
-        "stock_neighbours": neighbours(old[STOCK_ROWS]),
+        "stock_rows": [middle(len(old)).start, middle(len(old)).stop],
+        "stock_neighbours": neighbours(old[middle(len(old))]),
         "stretches": {
             name: {
                 "rows": [rows.start, rows.stop],
@@ -77,7 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args(argv)
     result = drift(args.model, args.base)
-    print(f"stock table, neighbouring rows {result['stock_neighbours']:.3f} apart (rows 100-400)")
+    first, last = result["stock_rows"]
+    print(f"stock table, neighbouring rows {result['stock_neighbours']:.3f} apart (rows {first}-{last})")
     for name, s in result["stretches"].items():
         print(
             f"{name} {s['rows'][0]}-{s['rows'][1]}: moved {s['moved_share']:.1%} of a row; neighbours "

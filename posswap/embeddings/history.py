@@ -91,25 +91,34 @@ def order(history: Path) -> list[str]:
     return [n for n in listed if n in present] + [n for n in present if n not in listed]
 
 
-def check_unneeded(folders: list[Path], graphs: Path = ROOT / "results") -> None:
-    """Refuse (one line) to drop a run whose figures a graph run compares with (``graphs/*/*/source.json``'s
-    ``torch_results``, tools/evaluate_late_model.py --compare): its page would lose them."""
-    for source in sorted(graphs.glob("*/*/source.json")):
+def dropped(names: list[str], cap: int) -> list[str]:
+    """The entries past the cap, oldest first."""
+    return names[: max(0, len(names) - cap)]
+
+
+def check_unneeded(history: Path, names: list[str]) -> None:
+    """Refuse (one line) to drop a run whose figures a graph run compares with (``results/*/*/source.json``'s
+    ``torch_results``, relative to the clone; tools/evaluate_late_model.py --compare): its page would lose them.
+    ``results/`` is the one that holds ``history`` (results/context/history)."""
+    results = history.parents[1]
+    folders = [(history / n).resolve() for n in names]
+    for source in sorted(results.glob("*/*/source.json")):
         named = load(source).get("torch_results")
         for folder in folders:
-            if named and (ROOT / named).resolve() == folder.resolve():
+            if named and (results.parent / named).resolve() == folder:
                 raise ValueError(
                     f"{folder} holds the torch figures {source} compares its graph with: copy them beside it and "
                     "point its torch_results there before the history drops the run."
                 )
 
 
-def prune(history: Path = RESULTS / "history", cap: int = CAP, graphs: Path = ROOT / "results") -> list[str]:
+def prune(history: Path = RESULTS / "history", cap: int = CAP) -> list[str]:
     """Keep the last ``cap`` entries of ``history``; each older one becomes rows of the summary, then is removed
     (none while a graph run still compares with it: :func:`check_unneeded`). Returns the names removed."""
     names = order(history)
-    old, kept = names[: max(0, len(names) - cap)], names[max(0, len(names) - cap) :]
-    check_unneeded([history / n for n in old], graphs)
+    old = dropped(names, cap)
+    kept = names[len(old) :]
+    check_unneeded(history, old)
     summary = history.parent / SUMMARY
     table = load(summary) if summary.is_file() else {"about": __doc__.splitlines()[0], "rows": []}
     for name in old:
@@ -122,23 +131,17 @@ def prune(history: Path = RESULTS / "history", cap: int = CAP, graphs: Path = RO
     return old
 
 
-def add(
-    run: Path,
-    history: Path = RESULTS / "history",
-    name: str | None = None,
-    cap: int = CAP,
-    graphs: Path = ROOT / "results",
-) -> Path:
+def add(run: Path, history: Path = RESULTS / "history", name: str | None = None, cap: int = CAP) -> Path:
     """Move ``run`` into ``history`` (as ``name``), newest, and keep the cap. Returns its new folder."""
     target = history / (name or run.name)
     if target.exists():
         raise FileExistsError(f"{target} exists: give the run another --name.")
     history.mkdir(parents=True, exist_ok=True)
     names = order(history)
-    check_unneeded([history / n for n in names[: max(0, len(names) + 1 - cap)]], graphs)  # before anything moves
+    check_unneeded(history, dropped([*names, target.name], cap))  # before anything moves
     shutil.move(str(run), str(target))
     (history / INDEX).write_text(json.dumps({"cap": cap, "order": [*names, target.name]}, indent=1) + "\n")
-    prune(history, cap, graphs)
+    prune(history, cap)
     return target
 
 
