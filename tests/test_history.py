@@ -21,6 +21,15 @@ def fake_run(folder: Path, late: float, diff: bool = True) -> Path:
     return folder
 
 
+def test_a_diff_written_either_way_round_names_its_file():
+    # git diff --no-index NEW OLD heads it "+++ a/"; those runs lost their placement row when pruned
+    assert history.changed_files("--- a/x.py\n+++ b/posswap/x.py\n@@\n") == ["posswap/x.py"]
+    assert history.changed_files("--- b/r.yaml\n+++ a/recipes/r.yaml\n@@\n+++ extra\n") == ["recipes/r.yaml"]
+    summary = json.loads((ROOT / "results" / "context" / history.SUMMARY).read_text())["rows"]
+    stride = [r for r in summary if "one-stride-table" in r["run"]]
+    assert len(stride) == 3 and all(r["changes"] == ["recipes/minilm-late-2k.yaml"] for r in stride)
+
+
 def test_the_committed_history_holds_at_most_ten_runs():
     folder = ROOT / "results" / "context" / "history"
     assert len([p for p in folder.iterdir() if p.is_dir()]) <= history.CAP

@@ -31,7 +31,15 @@ from tqdm.auto import tqdm
 
 from ..config import check_choice
 from .chunking import BASELINES, cosine_scores, mean_vector
-from .context_task import KINDS, TEMPLATES, ContextTask, build_context_task, max_context_documents
+from .context_task import (
+    KINDS,
+    QUESTIONS_PER_DOCUMENT,
+    TEMPLATES,
+    ContextTask,
+    build_context_task,
+    haystack_of,
+    max_context_documents,
+)
 from .late_chunking import late_chunks_and_documents
 from .natural_context import COPIES, EVALUATION_SOURCE, build_natural_task
 from .retrieval import check_lengths_read
@@ -142,6 +150,15 @@ def fact_by_template(hits: list[float], queries: list[dict]) -> dict[str, tuple[
     for hit, query in zip(hits, queries):
         groups.setdefault(query["template"], []).append(hit)
     return {name: (sum(h) / len(h), len(h)) for name, h in sorted(groups.items())}
+
+
+def accuracy_by_haystack(hits: list[float], settings: dict) -> dict[str, float]:
+    """Accuracy at 1 per haystack: a row's hits at one length, each query's document found from its place (the
+    task lists its queries document by document) and the document's haystack as the task chose it."""
+    groups: dict[str, list[float]] = {}
+    for i, hit in enumerate(hits):
+        groups.setdefault(haystack_of(i // QUESTIONS_PER_DOCUMENT, settings["haystacks"]), []).append(hit)
+    return {name: sum(h) / len(h) for name, h in groups.items()}
 
 
 def _cell(value: float, error: float | None) -> str:

@@ -164,6 +164,7 @@ EVALUATION = Templates(
     templates=TEMPLATES,
     haystacks=HAYSTACKS,
 )
+QUESTIONS_PER_DOCUMENT = 2  # a document's two facts, each asked once: a task's queries go document by document
 SENTENCE = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
 
 
@@ -214,8 +215,7 @@ def build_context_task(
     chunks, naming, queries = [], [], []
     for d, (kind, name) in enumerate(subjects):
         plan = _plan(rng, kind, name, count, d, templates)
-        haystack = templates.haystacks[d % len(templates.haystacks)]
-        pieces = _fill(tokenizer, rng, sentences[haystack], plan, count, per_chunk, name)
+        pieces = _fill(tokenizer, rng, sentences[haystack_of(d, templates.haystacks)], plan, count, per_chunk, name)
         chunks.append(pieces)
         naming.append(plan["naming"])
         queries += [
@@ -223,6 +223,11 @@ def build_context_task(
             for q, chunk, rel in plan["queries"]
         ]
     return ContextTask(length, chunk_tokens, chunks, [name for _, name in subjects], naming, queries)
+
+
+def haystack_of(document: int, haystacks: tuple[str, ...] | list[str]) -> str:
+    """The text document ``document`` of a task is cut from: the haystacks in turn."""
+    return haystacks[document % len(haystacks)]
 
 
 def _subjects(rng: random.Random, documents: int, templates: Templates) -> list[tuple[str, str]]:

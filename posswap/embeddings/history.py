@@ -68,6 +68,12 @@ def placement_row(run: Path) -> dict:
     return row
 
 
+def changed_files(diff: str) -> list[str]:
+    """The files a diff changes, by its ``+++`` lines (``git diff --no-index NEW OLD`` writes ``+++ a/``: the
+    earlier recipe's runs were recorded that way)."""
+    return sorted(set(re.findall(r"^\+\+\+ [ab]/(\S+)", diff, re.M)))
+
+
 def summary_row(entry: Path) -> list[dict]:
     """What a pruned entry leaves: a row per run in it (a ``task-seed-N`` folder holds runs), with its training
     (command, steps, wall and CPU time) and the files its ``changes.diff`` touched."""
@@ -75,7 +81,7 @@ def summary_row(entry: Path) -> list[dict]:
     for run in runs(entry) if not (entry / "context").is_dir() else [entry]:
         row = {"entry": entry.name, **placement_row(run)}
         diff = run / "changes.diff"
-        row["changes"] = sorted(set(re.findall(r"^\+\+\+ b/(\S+)", diff.read_text(), re.M))) if diff.is_file() else []
+        row["changes"] = changed_files(diff.read_text()) if diff.is_file() else []
         training = run / "training.json"
         if training.is_file():
             done = load(training)

@@ -19,7 +19,7 @@ import re
 import statistics
 from pathlib import Path
 
-from .context_retrieval import fact_by_template
+from .context_retrieval import accuracy_by_haystack, fact_by_template
 from .history import SUMMARY, load, placement_row, recipe_late_row, retrieval_columns, runs
 from .verdicts import pick
 
@@ -309,6 +309,32 @@ def transfer_lines(root: Path) -> list[str]:
     return lines
 
 
+def haystack_block(root: Path, length: int = 2048) -> list[str]:
+    """Per recipe seed and per run of the history: its late chunks' accuracy at 1 (all chunks) on the context task
+    at ``length`` tokens, per haystack (half of the documents each)."""
+    rows, names, seed = [], [], None
+    for run in runs(root) + [r for r in tried_runs(root) if (r / "context" / "context.json").is_file()]:
+        context = load(run / "context" / "context.json")
+        if length not in context["lengths"]:
+            continue
+        late = [name for name in context["rows"] if name.endswith(" late chunks")][-1]
+        shares = accuracy_by_haystack(
+            context["rows"][late]["hits"][context["lengths"].index(length)], context["settings"]
+        )
+        names, seed = list(shares), context["seed"]
+        rows.append(f"| {run.name} | " + " | ".join(f"{shares[n]:.2f}" for n in names) + " |")
+    if not rows:
+        return []
+    return [
+        f"| run | {' | '.join(names)} |",
+        "|---|" + "---|" * len(names),
+        *rows,
+        "",
+        f"Late chunks at {length} tokens, accuracy at 1 among all chunks, per haystack (half of the documents each; "
+        f"context task seed {seed}).",
+    ]
+
+
 def nearest_cell(context: dict, row: dict, i: int) -> str:
     """The row's fact accuracy at length ``i`` on the facts whose nearest preceding name is the subject, then on
     those where it is the other person of the pair (each query's template)."""
@@ -334,6 +360,7 @@ def blocks(root: Path = RESULTS) -> dict[str, list[str]]:
         "parity": parity_block(run, complete) + untouched_parity_lines(root),
         "placement": placement_block(complete, tried, pruned),
         "natural": natural_block(root) + [line for t in transfer_lines(root) for line in ("", t)],
+        "haystacks": haystack_block(root),
     }
 
 

@@ -7,6 +7,8 @@ evaluation scores is one no recipe trained on.
 Each row is a document and one question about its subject; the loss is a ranking over every chunk of every
 document of the batch (the question's own document's other chunks, its naming chunk among them, are the hardest
 negatives): the fact's chunk, its tokens mean-pooled while the model reads the whole document, must come first.
+The documents are cut from the recipe's novels, or from the texts ``embedding.context_haystacks`` names (the
+SQLite documentation beside them: technical prose, as half of the context task's).
 
 ``embedding.context_source: natural`` (or ``both``) makes the documents from real passages instead: one passage of
 the recipe's novels in two copies, two people's invented names swapped between them, each copy asked about the same
@@ -229,7 +231,14 @@ COPY_AT, SPANS_AT = 2, 3  # a label: fact chunk, chunk count, the other copy's r
 
 
 def context_rows(
-    tokenizer, lengths: list[int], rows: int, seed: int, chunk_tokens: int, group: int, source: str = "templates"
+    tokenizer,
+    lengths: list[int],
+    rows: int,
+    seed: int,
+    chunk_tokens: int,
+    group: int,
+    source: str = "templates",
+    haystacks: tuple[str, ...] | None = None,
 ) -> datasets.Dataset | None:
     """``rows`` (rounded down to whole groups) of ``query`` (a question about a document's subject), ``document``
     and ``label`` (the fact's chunk, the chunk count, the row of its group holding the other copy of a natural
@@ -239,12 +248,14 @@ def context_rows(
     fact chunks say what the question asks and differ only in whose fact they are: the chunk must carry its
     subject, which only its document names. ``source`` (``embedding.context_source``): ``natural`` makes every
     group one real passage in ``group`` renamed copies (:func:`_natural_groups`), ``both`` half of each length's
-    groups. None for none."""
+    groups. ``haystacks`` (``embedding.context_haystacks``): the texts template documents are cut from, in turn
+    (None: the recipe's novels). None for none."""
     if not rows:
         return None
     groups = rows // group
     per_length = [groups // len(lengths) + (i < groups % len(lengths)) for i in range(len(lengths))]
     rng = random.Random(f"posswap-context-pairs-{seed}")
+    templates = TRAINING if haystacks is None else dataclasses.replace(TRAINING, haystacks=haystacks)
     built = []
     for at, (length, count) in enumerate(zip(lengths, per_length)):
         natural = {"templates": 0, "natural": count, "both": count // 2}[source]
@@ -253,7 +264,8 @@ def context_rows(
         count -= natural
         for part in range(0, count, len(KINDS)):  # one task (its own subjects): `group` documents of each kind
             task_seed = (seed * 100 + at) * 1000 + part
-            built += _groups(tokenizer, rng, length, min(len(KINDS), count - part), group, task_seed, chunk_tokens)
+            kinds = min(len(KINDS), count - part)
+            built += _groups(tokenizer, rng, templates, length, kinds, group, task_seed, chunk_tokens)
     rng.shuffle(built)
     flat = [row for rows_of_group in built for row in rows_of_group]
     width = max(len(label) for _, _, label in flat)
@@ -267,11 +279,13 @@ def context_rows(
     )
 
 
-def _groups(tokenizer, rng, length: int, kinds: int, group: int, seed: int, chunk_tokens: int) -> list[list[tuple]]:
+def _groups(
+    tokenizer, rng, templates: Templates, length: int, kinds: int, group: int, seed: int, chunk_tokens: int
+) -> list[list[tuple]]:
     """``kinds`` groups (one per kind, in turn): the documents of a task whose kinds each ask two questions (drawn
     from the recipe's), one of them asked of all ``group`` documents of the kind."""
-    asked = {kind: tuple(rng.sample(TRAINING.relations[kind], 2)) for kind in KINDS}
-    templates = dataclasses.replace(TRAINING, relations=asked)
+    asked = {kind: tuple(rng.sample(templates.relations[kind], 2)) for kind in KINDS}
+    templates = dataclasses.replace(templates, relations=asked)
     task = build_context_task(tokenizer, length, len(KINDS) * group, seed, chunk_tokens, templates)
     groups = []
     for k, kind in enumerate(KINDS[:kinds]):

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ...config import check_bool, check_choice, check_number, check_positive_int, shown
+from ...data import corpus_files
+from ..context_task import HAYSTACKS
 
 LOSSES = ("cached_mnrl", "mnrl")
 CONTEXT_SOURCES = ("templates", "natural", "both")
@@ -90,6 +92,14 @@ class EmbeddingSpec:
             "(half of each length's batches each)."
         },
     )
+    context_haystacks: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Template context_pairs only: the embedded texts their documents are cut from, in turn (repeat one "
+            "to weight it; an odd count crosses them with the four kinds of subject). null: the five novels of the "
+            "training split. Never persuasion or python-docs, the context task's held-out haystacks."
+        },
+    )
     context_copy_margin: float | None = field(
         default=None,
         metadata={
@@ -154,6 +164,8 @@ class EmbeddingSpec:
                 f"embedding.context_source ({self.context_source}) says what the context pairs are, and "
                 "embedding.context_pairs is 0: set embedding.context_pairs, or remove embedding.context_source."
             )
+        if self.context_haystacks is not None:
+            check_context_haystacks(self.context_haystacks, self.context_source, self.context_pairs)
         if self.context_copy_margin is not None:
             check_number("embedding.context_copy_margin", self.context_copy_margin, above=0, maximum=2)
             if self.context_source == "templates":
@@ -191,6 +203,36 @@ class EmbeddingSpec:
         if self.context_lengths is not None:
             return self.context_lengths
         return [n for n in self.document_lengths if n >= 3 * self.context_chunk_tokens] or [max(self.document_lengths)]
+
+
+def check_context_haystacks(haystacks: Any, source: str, pairs: int) -> None:
+    """A non-empty list of embedded texts the context task does not hold out, for template documents."""
+    if not pairs:
+        raise ValueError(
+            "embedding.context_haystacks says what the context pairs are cut from, and embedding.context_pairs is 0: "
+            "set embedding.context_pairs, or remove embedding.context_haystacks."
+        )
+    if not isinstance(haystacks, list) or not haystacks or not all(isinstance(h, str) for h in haystacks):
+        raise ValueError(
+            f"embedding.context_haystacks must be a non-empty list of embedded text names or null, got {shown(haystacks)}."
+        )
+    if source == "natural":
+        raise ValueError(
+            "embedding.context_haystacks applies to template context pairs and embedding.context_source is natural "
+            "(renamed novel passages): set context_source templates or both, or remove it."
+        )
+    known = corpus_files()
+    for name in haystacks:
+        if name in HAYSTACKS:
+            raise ValueError(
+                f"embedding.context_haystacks entry {name!r} is a haystack the context task holds out for the "
+                f"evaluation ({', '.join(HAYSTACKS)}): train on another text."
+            )
+        if name not in known:
+            raise ValueError(
+                f"embedding.context_haystacks entry {name!r} is not an embedded text; choose from: "
+                f"{', '.join(n for n in known if n not in HAYSTACKS)}."
+            )
 
 
 def check_embedding_recipe(recipe: Any, defaults: Any) -> None:

@@ -148,7 +148,14 @@ def context_pairs(model, e, seed: int, batch_size: int):
     check_context_pairs(model, e.context_pairs)
     lengths = e.context_document_lengths()
     return context_rows(
-        model.tokenizer, lengths, e.context_pairs, seed, e.context_chunk_tokens, batch_size, e.context_source
+        model.tokenizer,
+        lengths,
+        e.context_pairs,
+        seed,
+        e.context_chunk_tokens,
+        batch_size,
+        e.context_source,
+        haystacks=tuple(e.context_haystacks) if e.context_haystacks else None,
     )
 
 
