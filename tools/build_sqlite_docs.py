@@ -91,6 +91,10 @@ class ProseParser(HTMLParser):
         if not self.skipping and not any(self.divs):
             self.words.append(data)
 
+    def close(self) -> None:
+        super().close()
+        self._flush()  # the page's last paragraph, when no block tag ends it
+
     def _flush(self) -> None:
         text = " ".join("".join(self.words).split())  # inline tags split the text, not its words
         self.words = []
@@ -102,7 +106,6 @@ def prose(html: str) -> str:
     parser = ProseParser()
     parser.feed(html)
     parser.close()
-    parser._flush()
     return "\n\n".join(parser.paragraphs) + "\n"
 
 

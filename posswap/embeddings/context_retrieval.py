@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from ..config import check_choice
 from .chunking import BASELINES, cosine_scores, mean_vector
 from .context_task import (
+    HAYSTACKS,
     KINDS,
     QUESTIONS_PER_DOCUMENT,
     TEMPLATES,
@@ -378,7 +379,7 @@ def _settings(tasks: list[ContextTask], task: str = CONTEXT_TASKS[0]) -> dict:
     per_kind = len(tasks[0].chunks) / len(KINDS)
     natural = {} if task == CONTEXT_TASKS[0] else _natural_settings(tasks)
     return {
-        "haystacks": ["persuasion", "python-docs"],
+        "haystacks": list(HAYSTACKS),  # accuracy_by_haystack reads which text each document was cut from here
         "templates": list(TEMPLATES),
         "templates_trained_on": [],
         "example_query": tasks[0].queries[0].query,

@@ -317,7 +317,7 @@ def haystack_block(root: Path, length: int = 2048) -> list[str]:
         context = load(run / "context" / "context.json")
         if length not in context["lengths"]:
             continue
-        late = [name for name in context["rows"] if name.endswith(" late chunks")][-1]
+        late = recipe_late_row(context)
         shares = accuracy_by_haystack(
             context["rows"][late]["hits"][context["lengths"].index(length)], context["settings"]
         )
