@@ -141,3 +141,40 @@ def test_sqlite_pages_become_prose_without_menu_tables_or_code():
     ]
     assert not re.search(r"About|Cell|SELECT|var x", tool.prose(page))
     assert "sqlite-docs" in (ROOT / "posswap" / "data" / "corpus" / "README.md").read_text()
+
+
+def context_diagnosis():
+    spec = importlib.util.spec_from_file_location("context_diagnosis", ROOT / "tools" / "context_diagnosis.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_diagnosis_cuts_the_recipes_documents_from_the_texts_its_run_recorded(tmp_path, tokenizer, texts):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "recipe.json").write_text(json.dumps({"embedding": {"context_haystacks": ["sqlite-docs"]}}))
+    tool = context_diagnosis()
+    assert tool.run_haystacks(run / "model") == ("sqlite-docs",)
+    lines = dict(tool.shifted_templates(tool.run_haystacks(run / "model")))
+    ours = build_context_task(tokenizer, 384, 4, 5, 128, lines["recipe's templates and haystacks"])
+    mixed = build_context_task(tokenizer, 384, 4, 5, 128, lines["recipe's, evaluation's haystacks"])
+    assert [sources_of(d, texts) for d in ours.documents] == [{"sqlite-docs"}] * 4
+    assert all(sources_of(d, texts) <= {"persuasion", "python-docs"} for d in mixed.documents)
+    (tmp_path / "null").mkdir()
+    (tmp_path / "null" / "recipe.json").write_text(json.dumps({"embedding": {"context_haystacks": None}}))
+    assert tool.run_haystacks(tmp_path / "null" / "model") == TRAINING.haystacks
+    assert tool.run_haystacks(tmp_path / "no-run" / "model") == TRAINING.haystacks  # a model out of its run folder
+
+
+def test_the_diagnosis_records_the_recipes_texts_it_used(tmp_path, minilm_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "model").symlink_to(minilm_path, target_is_directory=True)
+    (run / "recipe.json").write_text(json.dumps({"embedding": {"context_haystacks": ["sqlite-docs", "emma"]}}))
+    out = tmp_path / "lines.json"
+    context_diagnosis().main(
+        [str(run / "model"), "--training", "--length", "384", "--documents", "4", "--out", str(out)]
+    )
+    assert "The recipe's haystacks: sqlite-docs, emma." in capsys.readouterr().out
+    assert json.loads(out.read_text())["recipe_haystacks"] == ["sqlite-docs", "emma"]

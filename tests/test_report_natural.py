@@ -89,5 +89,11 @@ def test_transfer_reads_the_first_and_last_shift_lines(tmp_path):
     ]
     write(tried / "shift-2048.json", {"length": 2048, "documents": 4, "task_seed": 5, "lines": lines})
     (line,) = transfer_lines(tmp_path)
-    assert line.endswith("the fact's chunk first 0.75 on recipe's templates, 0.00 on evaluation's templates.")
+    assert line.endswith(
+        "the fact's chunk first 0.75 on recipe's templates, 0.00 on evaluation's templates (the recipe's novels)."
+    )
     assert "natural-seed0" in line and "4 documents of task seed 5" in line
+    recorded = {"length": 2048, "documents": 4, "task_seed": 5, "lines": lines}
+    write(tried / "shift-2048.json", recorded | {"recipe_haystacks": ["emma", "sqlite-docs", "emma"]})
+    (line,) = transfer_lines(tmp_path)
+    assert line.endswith("0.00 on evaluation's templates (the recipe's cut from emma, sqlite-docs).")

@@ -18,7 +18,9 @@ chunks (``--window``: each chunk pooled in a window of that many tokens, as a mo
 with ``--window 2W``'s figure, whether a model loses a nearby fact to the number of tokens it attends to or to the
 positions it reads them at. ``--shift``: the fact's chunk first for documents that mix the evaluation's parts (names, questions and facts,
 introductions and headings, haystacks) with the recipe's, one line each: which part of the distance between the
-recipe's templates and the evaluation's costs the most.
+recipe's templates and the evaluation's costs the most. The recipe's haystacks are the texts the run cut its own
+context documents from: ``embedding.context_haystacks`` in the run folder's ``recipe.json`` (the model folder's
+parent, as ``posswap train`` writes it), else the recipe's novels.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from posswap.embeddings.context_task import EVALUATION, build_context_task, max_
 from posswap.embeddings.late_chunking import late_chunks
 from posswap.embeddings.training.context import TRAINING
 from posswap.loading import load_sentence_transformer
+from posswap.training.run_folder import RECIPE_JSON
 
 TASK_SEED, CHUNK_TOKENS = 5, 128  # the README's figures use task seed 0: these documents are others
 
@@ -85,11 +88,23 @@ def banded_sdpa(width: int):
     return attention
 
 
-def shifted_templates():
-    """(label, templates): the recipe's, the evaluation's, and mixes of the two, one part at a time. With the
-    recipe's questions each document draws two of its kind's, so fewer documents answer the same question than
-    with the evaluation's (two a kind, asked of every document): a mix with them is if anything easier."""
-    ours, theirs = TRAINING, EVALUATION
+def run_haystacks(model_dir: Path) -> tuple[str, ...]:
+    """The texts the model's run cut its context documents from: ``embedding.context_haystacks`` of the run
+    folder's ``recipe.json`` (the model folder's parent), else TRAINING's novels (the recipe's default, and a model
+    that left its run folder)."""
+    recipe = Path(model_dir).parent / RECIPE_JSON
+    if not recipe.is_file():
+        return TRAINING.haystacks
+    chosen = json.loads(recipe.read_text()).get("embedding", {}).get("context_haystacks")
+    return TRAINING.haystacks if chosen is None else tuple(chosen)
+
+
+def shifted_templates(haystacks: tuple[str, ...] = TRAINING.haystacks):
+    """(label, templates): the recipe's (its documents cut from ``haystacks``), the evaluation's, and mixes of the
+    two, one part at a time. With the recipe's questions each document draws two of its kind's, so fewer documents
+    answer the same question than with the evaluation's (two a kind, asked of every document): a mix with them is
+    if anything easier."""
+    ours, theirs = dataclasses.replace(TRAINING, haystacks=haystacks), EVALUATION
     names = {"words": theirs.words, "name": theirs.name}
     return [
         ("recipe's templates and haystacks", ours),
@@ -115,10 +130,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--band", type=int, help="attend only to tokens at most this many tokens away")
     parser.add_argument("--out", type=Path, help="also write each line's figures to this JSON file")
     args = parser.parse_args(argv)
+    haystacks = run_haystacks(Path(args.model))
+    ours = dataclasses.replace(TRAINING, haystacks=haystacks)
     if args.shift:
-        runs = shifted_templates()
+        runs = shifted_templates(haystacks)
     else:
-        runs = [("", TRAINING if args.training else EVALUATION)]
+        runs = [("", ours if args.training else EVALUATION)]
     most = min(max_context_documents(templates) for _, templates in runs)
     if not 1 <= args.documents <= most:
         parser.error(f"--documents must be 1 to {most} (the subjects' names run out), got {args.documents}.")
@@ -141,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.band:
         AttentionInterface.register("posswap_diagnosis_band", banded_sdpa(args.band))
         model[0].auto_model.set_attn_implementation("posswap_diagnosis_band")
+    if args.shift or args.training:
+        print(f"The recipe's haystacks: {', '.join(haystacks)}.", flush=True)
     lines = []
     for label, templates in runs:
         task = build_context_task(model.tokenizer, args.length, args.documents, TASK_SEED, CHUNK_TOKENS, templates)
@@ -156,10 +175,10 @@ def main(argv: list[str] | None = None) -> None:
         buckets = [distance_bucket(low) for low, _ in DISTANCE_BUCKETS if distance_bucket(low) in by_distance]
         print("by distance: " + ", ".join(f"{b}: {sum(by_distance[b]) / len(by_distance[b]):.2f}" for b in buckets))
     if args.out is not None:
-        write_lines(args, lines, sys.argv[1:] if argv is None else argv)
+        write_lines(args, lines, sys.argv[1:] if argv is None else argv, haystacks)
 
 
-def write_lines(args, lines: list[dict], argv: list[str]) -> None:
+def write_lines(args, lines: list[dict], argv: list[str], haystacks: tuple[str, ...]) -> None:
     """The lines printed, as JSON: each line's share of first hits by where they land (the fact's chunk's is the
     line's figure), with the model, the documents and the command that made them."""
     record = {
@@ -169,6 +188,7 @@ def write_lines(args, lines: list[dict], argv: list[str]) -> None:
         "task_seed": TASK_SEED,
         "window": args.window,
         "band": args.band,
+        "recipe_haystacks": list(haystacks),
         "lines": lines,
         "command": " ".join(["python", "tools/context_diagnosis.py", *argv]),
     }

@@ -301,10 +301,12 @@ def transfer_lines(root: Path) -> list[str]:
         record = load(path)
         ends = record["lines"][0], record["lines"][-1]
         shares = [line["first_hits"].get("the fact's chunk", 0.0) for line in ends]
+        texts = record.get("recipe_haystacks")  # recorded since the tool reads the run's own; before: the novels
         lines.append(
             f"Transfer at {record['length']} tokens ({run.name}; `tools/context_diagnosis.py --shift`, "
             f"{record['documents']} documents of task seed {record['task_seed']}): the fact's chunk first "
-            f"{shares[0]:.2f} on {ends[0]['label']}, {shares[1]:.2f} on {ends[1]['label']}."
+            f"{shares[0]:.2f} on {ends[0]['label']}, {shares[1]:.2f} on {ends[1]['label']}"
+            + (f" (the recipe's cut from {', '.join(dict.fromkeys(texts))})." if texts else " (the recipe's novels).")
         )
     return lines
 
