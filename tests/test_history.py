@@ -26,7 +26,7 @@ def test_a_diff_written_either_way_round_names_its_file():
     assert history.changed_files("--- a/x.py\n+++ b/posswap/x.py\n@@\n") == ["posswap/x.py"]
     assert history.changed_files("--- b/r.yaml\n+++ a/recipes/r.yaml\n@@\n+++ extra\n") == ["recipes/r.yaml"]
     summary = json.loads((ROOT / "results" / "context" / history.SUMMARY).read_text())["rows"]
-    stride = [r for r in summary if "one-stride-table" in r["run"]]
+    stride = [r for r in summary if r["entry"].startswith("minilm-late-2k-one-stride-table")]
     assert len(stride) == 3 and all(r["changes"] == ["recipes/minilm-late-2k.yaml"] for r in stride)
 
 
