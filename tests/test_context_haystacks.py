@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_context_diagnosis_band import diagnosis
 from test_embedding_training import recipe, text_file, tiny_st  # noqa: F401  (fixtures)
 
 from posswap.cli import main
@@ -18,7 +19,7 @@ from posswap.data import read_document
 from posswap.embeddings.context_retrieval import _settings, accuracy_by_haystack
 from posswap.embeddings.context_task import SENTENCE, build_context_task
 from posswap.embeddings.report_context import haystack_block
-from posswap.embeddings.training.context import TRAINING, context_rows
+from posswap.embeddings.training.context import TRAINING, context_rows, training_templates
 
 st = pytest.importorskip("sentence_transformers")
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,20 +144,13 @@ def test_sqlite_pages_become_prose_without_menu_tables_or_code():
     assert "sqlite-docs" in (ROOT / "posswap" / "data" / "corpus" / "README.md").read_text()
 
 
-def context_diagnosis():
-    spec = importlib.util.spec_from_file_location("context_diagnosis", ROOT / "tools" / "context_diagnosis.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_diagnosis_cuts_the_recipes_documents_from_the_texts_its_run_recorded(tmp_path, tokenizer, texts):
     run = tmp_path / "run"
     run.mkdir()
     (run / "recipe.json").write_text(json.dumps({"embedding": {"context_haystacks": ["sqlite-docs"]}}))
-    tool = context_diagnosis()
+    tool = diagnosis()
     assert tool.run_haystacks(run / "model") == ("sqlite-docs",)
-    lines = dict(tool.shifted_templates(tool.run_haystacks(run / "model")))
+    lines = dict(tool.shifted_templates(training_templates(tool.run_haystacks(run / "model"))))
     ours = build_context_task(tokenizer, 384, 4, 5, 128, lines["recipe's templates and haystacks"])
     mixed = build_context_task(tokenizer, 384, 4, 5, 128, lines["recipe's, evaluation's haystacks"])
     assert [sources_of(d, texts) for d in ours.documents] == [{"sqlite-docs"}] * 4
@@ -165,6 +159,9 @@ def test_the_diagnosis_cuts_the_recipes_documents_from_the_texts_its_run_recorde
     (tmp_path / "null" / "recipe.json").write_text(json.dumps({"embedding": {"context_haystacks": None}}))
     assert tool.run_haystacks(tmp_path / "null" / "model") == TRAINING.haystacks
     assert tool.run_haystacks(tmp_path / "no-run" / "model") == TRAINING.haystacks  # a model out of its run folder
+    (tmp_path / "null" / "recipe.json").write_text("[1, 2")
+    with pytest.raises(SystemExit, match="is not a run's resolved recipe"):
+        tool.run_haystacks(tmp_path / "null" / "model")
 
 
 def test_the_diagnosis_records_the_recipes_texts_it_used(tmp_path, minilm_path, capsys):
@@ -173,8 +170,6 @@ def test_the_diagnosis_records_the_recipes_texts_it_used(tmp_path, minilm_path, 
     (run / "model").symlink_to(minilm_path, target_is_directory=True)
     (run / "recipe.json").write_text(json.dumps({"embedding": {"context_haystacks": ["sqlite-docs", "emma"]}}))
     out = tmp_path / "lines.json"
-    context_diagnosis().main(
-        [str(run / "model"), "--training", "--length", "384", "--documents", "4", "--out", str(out)]
-    )
+    diagnosis().main([str(run / "model"), "--training", "--length", "384", "--documents", "4", "--out", str(out)])
     assert "The recipe's haystacks: sqlite-docs, emma." in capsys.readouterr().out
     assert json.loads(out.read_text())["recipe_haystacks"] == ["sqlite-docs", "emma"]

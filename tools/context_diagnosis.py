@@ -40,7 +40,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from posswap.embeddings.context_retrieval import DISTANCE_BUCKETS, distance_bucket
 from posswap.embeddings.context_task import EVALUATION, build_context_task, max_context_documents
 from posswap.embeddings.late_chunking import late_chunks
-from posswap.embeddings.training.context import TRAINING
+from posswap.embeddings.training.context import TRAINING, training_templates
 from posswap.loading import load_sentence_transformer
 from posswap.training.run_folder import RECIPE_JSON
 
@@ -95,16 +95,22 @@ def run_haystacks(model_dir: Path) -> tuple[str, ...]:
     recipe = Path(model_dir).parent / RECIPE_JSON
     if not recipe.is_file():
         return TRAINING.haystacks
-    chosen = json.loads(recipe.read_text()).get("embedding", {}).get("context_haystacks")
-    return TRAINING.haystacks if chosen is None else tuple(chosen)
+    try:
+        chosen = json.loads(recipe.read_text()).get("embedding", {}).get("context_haystacks")
+    except (json.JSONDecodeError, AttributeError):
+        raise SystemExit(
+            f"{recipe} is not a run's resolved recipe (a JSON object): give the model folder posswap train wrote "
+            "(RUN/model), or copy the model out of that folder to read it with the recipe's novels."
+        ) from None
+    return training_templates(chosen).haystacks
 
 
-def shifted_templates(haystacks: tuple[str, ...] = TRAINING.haystacks):
-    """(label, templates): the recipe's (its documents cut from ``haystacks``), the evaluation's, and mixes of the
-    two, one part at a time. With the recipe's questions each document draws two of its kind's, so fewer documents
-    answer the same question than with the evaluation's (two a kind, asked of every document): a mix with them is
-    if anything easier."""
-    ours, theirs = dataclasses.replace(TRAINING, haystacks=haystacks), EVALUATION
+def shifted_templates(ours=TRAINING):
+    """(label, templates): the recipe's (``ours``: :func:`training_templates` of the run's texts), the evaluation's,
+    and mixes of the two, one part at a time. With the recipe's questions each document draws two of its kind's, so
+    fewer documents answer the same question than with the evaluation's (two a kind, asked of every document): a mix
+    with them is if anything easier."""
+    theirs = EVALUATION
     names = {"words": theirs.words, "name": theirs.name}
     return [
         ("recipe's templates and haystacks", ours),
@@ -131,9 +137,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="also write each line's figures to this JSON file")
     args = parser.parse_args(argv)
     haystacks = run_haystacks(Path(args.model))
-    ours = dataclasses.replace(TRAINING, haystacks=haystacks)
+    ours = training_templates(haystacks)
     if args.shift:
-        runs = shifted_templates(haystacks)
+        runs = shifted_templates(ours)
     else:
         runs = [("", ours if args.training else EVALUATION)]
     most = min(max_context_documents(templates) for _, templates in runs)

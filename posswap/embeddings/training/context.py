@@ -230,6 +230,12 @@ GROUPED = "posswap context pairs: each run of batch_size rows is one batch"
 COPY_AT, SPANS_AT = 2, 3  # a label: fact chunk, chunk count, the other copy's row (-1: none), the chunks' spans
 
 
+def training_templates(haystacks: tuple[str, ...] | None = None) -> Templates:
+    """The recipe's templates, their documents cut from ``haystacks`` in turn (``embedding.context_haystacks``;
+    None: the recipe's novels)."""
+    return TRAINING if haystacks is None else dataclasses.replace(TRAINING, haystacks=tuple(haystacks))
+
+
 def context_rows(
     tokenizer,
     lengths: list[int],
@@ -255,7 +261,7 @@ def context_rows(
     groups = rows // group
     per_length = [groups // len(lengths) + (i < groups % len(lengths)) for i in range(len(lengths))]
     rng = random.Random(f"posswap-context-pairs-{seed}")
-    templates = TRAINING if haystacks is None else dataclasses.replace(TRAINING, haystacks=haystacks)
+    templates = training_templates(haystacks)
     built = []
     for at, (length, count) in enumerate(zip(lengths, per_length)):
         natural = {"templates": 0, "natural": count, "both": count // 2}[source]
